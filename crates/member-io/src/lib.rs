@@ -1,0 +1,1 @@
+//! member-io: backends implementing `raid_core::Member`. (skeleton)

@@ -1,0 +1,153 @@
+//! The block-device contract the server serves. The crate knows nothing about what is
+//! behind it: a RAID array, a file, memory.
+//!
+//! All offsets and lengths are bytes. The server has already checked every request
+//! against `info().size_bytes`, the advertised flags and the read-only state, so a device
+//! only sees in-range requests of the kinds it advertised. Futures are boxed so exports
+//! can be `Arc<dyn BlockDevice>`.
+//!
+//! Durability contract (NBD "ordering of messages and writes"): `flush` must make every
+//! write that *completed* before it was called durable, no matter which connection
+//! issued it; `write(.., fua = true)` completes only once its data is durable.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+
+/// A boxed, sendable future returned by device operations.
+pub type DeviceFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a device is and can do; fixed for the life of an export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub size_bytes: u64,
+    pub read_only: bool,
+    /// FLUSH and FUA are honoured (NBD SEND_FLUSH | SEND_FUA).
+    pub can_flush: bool,
+    pub can_trim: bool,
+    pub can_write_zeroes: bool,
+    /// WRITE_ZEROES with FAST_ZERO can be honoured (else the server answers ENOTSUP).
+    pub can_fast_zero: bool,
+    /// CACHE is implemented (prefetch hint).
+    pub can_cache: bool,
+    /// State is shared across connections: a FLUSH on one covers writes on all.
+    pub can_multi_conn: bool,
+    pub rotational: bool,
+    /// `NBD_INFO_BLOCK_SIZE`: minimum block (power of two, 1..=65536).
+    pub min_block_bytes: u32,
+    /// Preferred block (power of two, >= max(min, 512)), e.g. the RAID stripe width.
+    pub preferred_block_bytes: u32,
+    /// Largest READ/WRITE payload accepted (the server caps it at 32 MiB).
+    pub max_payload_bytes: u32,
+    /// Human-readable text for `NBD_INFO_DESCRIPTION` and LIST.
+    pub description: String,
+}
+
+/// Flags of a WRITE_ZEROES request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    pub fua: bool,
+    /// The range must stay allocated (no hole punching).
+    pub no_hole: bool,
+    /// Fail with [`DeviceErrorKind::NotSupported`] rather than be slower than a WRITE.
+    pub fast_zero: bool,
+}
+
+/// One piece of READ data, in order; together the pieces cover the request exactly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadChunk {
+    Data(Bytes),
+    /// `n` bytes that read as zero (may be sent as an NBD hole).
+    Zero(u32),
+}
+
+impl ReadChunk {
+    pub fn len(&self) -> usize {
+        match self {
+            ReadChunk::Data(b) => b.len(),
+            ReadChunk::Zero(n) => *n as usize,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One `base:allocation` extent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len_bytes: u64,
+    /// NBD_STATE_HOLE: not allocated.
+    pub hole: bool,
+    /// NBD_STATE_ZERO: reads as zeros.
+    pub zero: bool,
+}
+
+/// Why a device operation failed; mapped to an NBD error code in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceErrorKind {
+    /// EIO.
+    Io,
+    /// ENOSPC.
+    NoSpace,
+    /// EINVAL.
+    Invalid,
+    /// ENOTSUP (only meaningful for FAST_ZERO).
+    NotSupported,
+    /// EPERM.
+    ReadOnly,
+    /// ESHUTDOWN.
+    ShuttingDown,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct DeviceError {
+    pub kind: DeviceErrorKind,
+    pub message: String,
+    /// Byte offset where the error happened, when known (sent as NBD ERROR_OFFSET).
+    pub offset: Option<u64>,
+}
+
+impl DeviceError {
+    pub fn new(kind: DeviceErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), offset: None }
+    }
+
+    pub fn at(mut self, offset: u64) -> Self {
+        self.offset = Some(offset);
+        self
+    }
+}
+
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// Anything that can be served over NBD.
+pub trait BlockDevice: Send + Sync + 'static {
+    fn info(&self) -> DeviceInfo;
+
+    fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>>;
+
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>>;
+
+    fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>>;
+
+    /// Discard hint; contents of the range are unspecified afterwards.
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>>;
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>>;
+
+    /// Prefetch hint; the default does nothing.
+    fn cache(&self, _offset: u64, _len: u64) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Allocation status from `offset` covering at least one byte; the default reports one
+    /// allocated, non-zero extent (always a safe answer).
+    fn block_status(&self, _offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<Extent>>> {
+        Box::pin(std::future::ready(Ok(vec![Extent { len_bytes: len, hole: false, zero: false }])))
+    }
+}

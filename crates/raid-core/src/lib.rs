@@ -1,0 +1,29 @@
+//! raid-core: the pure heart of raidnbd.
+//!
+//! Linux md compatible RAID, with no runtime, sockets or io_uring in sight:
+//!
+//! ```text
+//!  geometry   where each array sector lives (linear, 0, 1, 4, 5, 6, 10; md layouts)
+//!  parity     XOR P, GF(2^8) Q, recovery of one or two lost blocks (lib/raid6 math)
+//!  md         v1.2 superblock encode/decode, default data offset, assembly planning
+//!  engine     Array<M: Member>: turns block requests into member I/O, degraded mode,
+//!             per-stripe locking, RMW vs reconstruct-write
+//!  member     the async member I/O trait backends implement; MemoryMember
+//!  buf        AlignedBuf, the owned page-aligned buffer every member I/O carries
+//! ```
+//!
+//! Dependencies point one way: backends (member-io) implement [`member::Member`]; the
+//! binary drives [`engine::Array`]; nothing here knows about NBD.
+
+pub mod buf;
+pub mod error;
+pub mod geometry;
+pub mod member;
+pub mod parity;
+
+pub use buf::AlignedBuf;
+pub use error::{ErrorKind, RaidError};
+pub use member::{Member, MemoryMember};
+
+/// Bytes per sector, the unit of every md field.
+pub const SECTOR_BYTES: u64 = 512;

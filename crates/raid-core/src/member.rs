@@ -1,0 +1,184 @@
+//! The member I/O contract: what the array engine needs from one RAID member.
+//!
+//! ```text
+//!   raid-core::Array<M: Member> ──► M::read_at / write_at / flush / discard / write_zeroes
+//!                                     ▲
+//!            member-io: UringMember, ThreadPoolMember, Throttled<M>, Faulty<M>
+//!            raid-core: MemoryMember (tests, property models)
+//! ```
+//!
+//! Contract:
+//! - Offsets and lengths are in bytes from the start of the member *device* (the engine
+//!   adds the md `data_offset` itself; superblocks live on the same address space).
+//! - The engine only issues I/O whose offset, length and buffer address are multiples of
+//!   [`Member::alignment`] (buffers are [`AlignedBuf`], page aligned). A backend may reject
+//!   anything else with `InvalidInput`.
+//! - `read_at` fills the whole buffer or fails; a short read (past the end) is an error.
+//! - Buffers are owned and travel with the request, so dropping a returned future never
+//!   leaves a kernel writing into freed memory: the backend keeps the buffer alive until the
+//!   I/O has completed, then drops it.
+//! - `write_at(.., fua = true)` completes only when the data is on stable storage.
+//! - `flush` makes every write that completed before the call durable.
+//! - `discard` and `write_zeroes` both leave the range reading as zeros (RAID parity relies
+//!   on it); `discard` may deallocate, `write_zeroes` keeps the range allocated.
+//! - Errors are `std::io::Error`; the engine treats any error from a member as a member
+//!   fault (except `InvalidInput`, which is an engine bug and is asserted against).
+//!
+//! The futures are boxed so that `dyn Member` works: backends are chosen at run time
+//! (io_uring or thread pool, optionally wrapped by throttles or fault injectors).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use crate::buf::AlignedBuf;
+
+/// A boxed, sendable future returned by member operations.
+pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Result of an operation that moved a buffer: the buffer always comes back.
+pub type BufResult = (io::Result<()>, AlignedBuf);
+
+/// One RAID member: a file, a block device, or a wrapper around either.
+pub trait Member: Send + Sync {
+    /// Human-readable name used in logs and errors (normally the path).
+    fn name(&self) -> &str;
+
+    /// Size of the member device in bytes.
+    fn len_bytes(&self) -> u64;
+
+    /// Required alignment (bytes, power of two, 1..=4096) of offsets, lengths and buffers.
+    fn alignment(&self) -> usize {
+        512
+    }
+
+    /// Reads `buf.len()` bytes at `offset_bytes` into `buf`.
+    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult>;
+
+    /// Writes all of `buf` at `offset_bytes`; with `fua` the data is durable on completion.
+    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult>;
+
+    /// Makes all completed writes durable (fdatasync).
+    fn flush(&self) -> IoFuture<'_, io::Result<()>>;
+
+    /// Deallocates the range if possible; it reads back as zeros afterwards.
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>>;
+
+    /// Zeroes the range, keeping it allocated.
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>>;
+}
+
+impl<M: Member + ?Sized> Member for Arc<M> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn len_bytes(&self) -> u64 {
+        (**self).len_bytes()
+    }
+    fn alignment(&self) -> usize {
+        (**self).alignment()
+    }
+    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
+        (**self).read_at(offset_bytes, buf)
+    }
+    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        (**self).write_at(offset_bytes, buf, fua)
+    }
+    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+        (**self).flush()
+    }
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        (**self).discard(offset_bytes, len_bytes)
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        (**self).write_zeroes(offset_bytes, len_bytes)
+    }
+}
+
+/// Checks an I/O range against a member of `len_bytes`; used by every backend so that
+/// out-of-range requests fail the same way everywhere.
+pub fn check_range(name: &str, len_bytes: u64, offset_bytes: u64, io_len_bytes: u64) -> io::Result<()> {
+    match offset_bytes.checked_add(io_len_bytes) {
+        Some(end) if end <= len_bytes => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{name}: I/O at {offset_bytes}+{io_len_bytes} beyond end of member ({len_bytes} bytes)"),
+        )),
+    }
+}
+
+/// An in-memory member: a `Vec<u8>` behind a mutex. Operations complete immediately.
+///
+/// Used by property tests and as the reference member in every backend test suite.
+/// `flush` is a no-op (memory is as durable as it gets here).
+pub struct MemoryMember {
+    name: String,
+    data: Mutex<Vec<u8>>,
+}
+
+impl MemoryMember {
+    pub fn new(name: impl Into<String>, len_bytes: u64) -> Self {
+        let len = usize::try_from(len_bytes).expect("memory member fits in memory");
+        Self { name: name.into(), data: Mutex::new(vec![0; len]) }
+    }
+
+    /// A copy of the whole member content.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.lock().expect("memory member lock").clone()
+    }
+
+    /// Direct mutable access, for tests that corrupt members on purpose.
+    pub fn with_data<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        f(&mut self.data.lock().expect("memory member lock"))
+    }
+
+    fn range(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<std::ops::Range<usize>> {
+        let len = self.data.lock().expect("memory member lock").len() as u64;
+        check_range(&self.name, len, offset_bytes, len_bytes)?;
+        Ok(offset_bytes as usize..(offset_bytes + len_bytes) as usize)
+    }
+}
+
+impl Member for MemoryMember {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn len_bytes(&self) -> u64 {
+        self.data.lock().expect("memory member lock").len() as u64
+    }
+
+    fn alignment(&self) -> usize {
+        1
+    }
+
+    fn read_at(&self, offset_bytes: u64, mut buf: AlignedBuf) -> IoFuture<'_, BufResult> {
+        let res = self.range(offset_bytes, buf.len() as u64).map(|r| {
+            buf.as_mut_slice().copy_from_slice(&self.data.lock().expect("memory member lock")[r]);
+        });
+        Box::pin(std::future::ready((res, buf)))
+    }
+
+    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, _fua: bool) -> IoFuture<'_, BufResult> {
+        let res = self.range(offset_bytes, buf.len() as u64).map(|r| {
+            self.data.lock().expect("memory member lock")[r].copy_from_slice(buf.as_slice());
+        });
+        Box::pin(std::future::ready((res, buf)))
+    }
+
+    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        self.write_zeroes(offset_bytes, len_bytes)
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        let res = self.range(offset_bytes, len_bytes).map(|r| {
+            self.data.lock().expect("memory member lock")[r].fill(0);
+        });
+        Box::pin(std::future::ready(res))
+    }
+}
