@@ -33,9 +33,7 @@ impl AlignedBuf {
         let layout = Layout::from_size_align(capacity, BUF_ALIGN).expect("buffer layout");
         // SAFETY: layout has non-zero size (capacity >= BUF_ALIGN).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
+        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
         debug_assert_eq!(ptr.as_ptr() as usize % BUF_ALIGN, 0);
         Self { ptr, len: len_bytes, capacity }
     }

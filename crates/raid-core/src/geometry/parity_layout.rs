@@ -33,7 +33,13 @@ pub struct StripeLayout {
 }
 
 impl ParityGeometry {
-    pub fn new(level: Level, layout: u32, chunk_sectors: u32, raid_disks: usize, size_sectors: u64) -> Result<Self, GeometryError> {
+    pub fn new(
+        level: Level,
+        layout: u32,
+        chunk_sectors: u32,
+        raid_disks: usize,
+        size_sectors: u64,
+    ) -> Result<Self, GeometryError> {
         todo!()
     }
 

@@ -15,7 +15,9 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockKind {
     /// A data block whose Q coefficient is g^exponent.
-    Data { exponent: u8 },
+    Data {
+        exponent: u8,
+    },
     P,
     Q,
 }
