@@ -1,0 +1,120 @@
+//! Member I/O helpers shared by every level: sector addressing relative to the data
+//! offset, read-load accounting, and coalescing of pieces that are contiguous on one
+//! member into a single I/O (a 1 MiB read of a 4-member raid0 becomes 4 member reads,
+//! not one per chunk).
+
+use std::io;
+use std::sync::atomic::Ordering;
+
+use super::Array;
+use crate::SECTOR_BYTES;
+use crate::buf::AlignedBuf;
+use crate::member::Member;
+
+/// A piece of a request that lives contiguously on one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub role: usize,
+    pub member_sector: u64,
+    pub sectors: u64,
+    /// Byte offset of the piece within the request.
+    pub req_offset_bytes: usize,
+}
+
+/// Several pieces merged into one member I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub role: usize,
+    pub member_sector: u64,
+    pub sectors: u64,
+    /// The pieces, with their byte offset inside the run.
+    pub pieces: Vec<(Piece, usize)>,
+}
+
+/// Largest single member I/O built by coalescing.
+const MAX_RUN_SECTORS: u64 = (32 << 20) / SECTOR_BYTES;
+
+/// Merges pieces that are adjacent on the same member (in member order).
+pub(crate) fn coalesce(mut pieces: Vec<Piece>) -> Vec<Run> {
+    pieces.sort_unstable_by_key(|p| (p.role, p.member_sector));
+    let mut runs: Vec<Run> = Vec::new();
+    for p in pieces {
+        if let Some(run) = runs.last_mut()
+            && run.role == p.role
+            && run.member_sector + run.sectors == p.member_sector
+            && run.sectors + p.sectors <= MAX_RUN_SECTORS
+        {
+            let at = (run.sectors * SECTOR_BYTES) as usize;
+            run.sectors += p.sectors;
+            run.pieces.push((p, at));
+            continue;
+        }
+        debug_assert!(runs.last().is_none_or(|r| r.role != p.role || r.member_sector + r.sectors <= p.member_sector));
+        runs.push(Run { role: p.role, member_sector: p.member_sector, sectors: p.sectors, pieces: vec![(p, 0)] });
+    }
+    runs
+}
+
+/// Decrements a member's read load when the read finishes or is cancelled.
+struct LoadGuard<'a>(&'a std::sync::atomic::AtomicU64, u64);
+
+impl Drop for LoadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    fn member_offset_bytes(&self, role: usize, member_sector: u64) -> u64 {
+        self.slots[role].data_offset_bytes + member_sector * SECTOR_BYTES
+    }
+
+    /// Reads `sectors` at `member_sector` of `role` into a new buffer.
+    pub(crate) async fn read_member(&self, role: usize, member_sector: u64, sectors: u64) -> io::Result<AlignedBuf> {
+        let slot = &self.slots[role];
+        let len = sectors * SECTOR_BYTES;
+        slot.inflight_read_bytes.fetch_add(len, Ordering::Relaxed);
+        let _load = LoadGuard(&slot.inflight_read_bytes, len);
+        let buf = AlignedBuf::zeroed(len as usize);
+        let (res, buf) = slot.member().read_at(self.member_offset_bytes(role, member_sector), buf).await;
+        res.map(|()| buf)
+    }
+
+    /// Writes `buf` at `member_sector` of `role`.
+    pub(crate) async fn write_member(&self, role: usize, member_sector: u64, buf: AlignedBuf, fua: bool) -> io::Result<()> {
+        debug_assert_eq!(buf.len() as u64 % SECTOR_BYTES, 0);
+        let slot = &self.slots[role];
+        slot.member().write_at(self.member_offset_bytes(role, member_sector), buf, fua).await.0
+    }
+
+    /// Zeroes `sectors` at `member_sector` of `role` (deallocating if allowed).
+    pub(crate) async fn zero_member(&self, role: usize, member_sector: u64, sectors: u64, deallocate: bool) -> io::Result<()> {
+        let member = self.slots[role].member();
+        let (offset, len) = (self.member_offset_bytes(role, member_sector), sectors * SECTOR_BYTES);
+        if deallocate { member.discard(offset, len).await } else { member.write_zeroes(offset, len).await }
+    }
+
+    /// Current read load of a role, for choosing between copies.
+    pub(crate) fn read_load(&self, role: usize) -> u64 {
+        self.slots[role].inflight_read_bytes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(role: usize, member_sector: u64, sectors: u64, req: usize) -> Piece {
+        Piece { role, member_sector, sectors, req_offset_bytes: req }
+    }
+
+    #[test]
+    fn coalesces_contiguous_pieces_per_member() {
+        let runs = coalesce(vec![p(0, 0, 8, 0), p(1, 0, 8, 4096), p(0, 8, 8, 8192), p(1, 16, 8, 12288)]);
+        assert_eq!(runs.len(), 3);
+        assert_eq!((runs[0].role, runs[0].member_sector, runs[0].sectors), (0, 0, 16));
+        assert_eq!(runs[0].pieces[1].1, 4096);
+        assert_eq!((runs[1].role, runs[1].member_sector, runs[1].sectors), (1, 0, 8));
+        assert_eq!((runs[2].role, runs[2].member_sector, runs[2].sectors), (1, 16, 8));
+    }
+}

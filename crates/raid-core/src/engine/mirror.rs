@@ -1,0 +1,199 @@
+//! Levels without parity: linear, raid0, raid1, raid10.
+//!
+//! Reads take one readable copy of each piece (the least loaded one, so mirrors share
+//! the read work) and fall back to another copy when a member fails. Writes go to every
+//! writable copy; a write succeeds when every piece reached at least one copy.
+//! raid1/raid10 writes lock their range so two overlapping writes cannot leave the
+//! copies different (md leaves that to the filesystem; a scrub would flag it).
+
+use futures::future::join_all;
+
+use super::io::{Piece, coalesce};
+use super::read_data::{ReadAssembler, ReadData};
+use super::{Array, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
+use crate::SECTOR_BYTES;
+use crate::buf::AlignedBuf;
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::Level;
+use crate::member::Member;
+
+/// Array sectors handled per batch by trim/write-zeroes, bounding their memory.
+const ZERO_BATCH_SECTORS: u64 = 1 << 21; // 1 GiB
+
+impl<M: Member + ?Sized> Array<M> {
+    pub(super) async fn read_mirrored(&self, start_sector: u64, len_bytes: usize) -> Result<ReadData> {
+        let mut out = ReadAssembler::new(len_bytes);
+        // (array sector, sectors, offset in request)
+        let mut todo = vec![(start_sector, len_bytes as u64 / SECTOR_BYTES, 0usize)];
+        for _attempt in 0..=self.slots.len() {
+            if todo.is_empty() {
+                return Ok(out.finish());
+            }
+            let mut planned = vec![0u64; self.slots.len()];
+            let mut pieces = Vec::new();
+            for (sector, sectors, req_offset) in todo.drain(..) {
+                self.plan_mirror_reads(sector, sectors, req_offset, &mut planned, &mut pieces)?;
+            }
+            let failed = self.read_pieces(pieces, &mut out).await?;
+            todo = failed
+                .into_iter()
+                .map(|p| (start_sector + p.req_offset_bytes as u64 / SECTOR_BYTES, p.sectors, p.req_offset_bytes))
+                .collect();
+        }
+        Err(RaidError::new(ErrorKind::Io, "read failed on every copy"))
+    }
+
+    /// Picks, for each piece of `[sector, sector + sectors)`, the least loaded readable copy.
+    fn plan_mirror_reads(
+        &self,
+        mut sector: u64,
+        sectors: u64,
+        mut req_offset: usize,
+        planned: &mut [u64],
+        pieces: &mut Vec<Piece>,
+    ) -> Result<()> {
+        let end = sector + sectors;
+        while sector < end {
+            let mapped = self.geometry.map(sector);
+            let mut run = mapped.len_sectors.min(end - sector);
+            if self.geometry.level() == Level::Raid1 {
+                run = run.min(MIRROR_READ_SPLIT_SECTORS - sector % MIRROR_READ_SPLIT_SECTORS);
+            }
+            let best = mapped
+                .copies
+                .iter()
+                .filter(|c| self.slots[c.role].is_readable(c.member_sector, run))
+                .min_by_key(|c| self.read_load(c.role) + planned[c.role]);
+            let Some(copy) = best else {
+                return Err(RaidError::new(
+                    ErrorKind::Io,
+                    format!("no readable copy of array sectors {sector}..{} (failed roles {:?})", sector + run, self.failed_roles()),
+                ));
+            };
+            planned[copy.role] += run * SECTOR_BYTES;
+            pieces.push(Piece { role: copy.role, member_sector: copy.member_sector, sectors: run, req_offset_bytes: req_offset });
+            sector += run;
+            req_offset += (run * SECTOR_BYTES) as usize;
+        }
+        Ok(())
+    }
+
+    /// Reads pieces (coalesced per member) into `out`; returns the pieces whose member
+    /// failed, after marking it faulty. Without redundancy a failure is an error.
+    pub(super) async fn read_pieces(&self, pieces: Vec<Piece>, out: &mut ReadAssembler) -> Result<Vec<Piece>> {
+        let runs = coalesce(pieces);
+        let results = join_all(runs.iter().map(|r| self.read_member(r.role, r.member_sector, r.sectors))).await;
+        let mut failed = Vec::new();
+        for (run, res) in runs.into_iter().zip(results) {
+            match res {
+                Ok(buf) => {
+                    let b = out.add_buf(buf);
+                    for (p, at) in run.pieces {
+                        out.piece(p.req_offset_bytes, b, at, (p.sectors * SECTOR_BYTES) as usize);
+                    }
+                }
+                Err(e) => {
+                    self.member_failed(run.role, &e, "read").await;
+                    if !self.has_redundancy() {
+                        return Err(RaidError::io(format!("read of role {} failed", run.role), e));
+                    }
+                    failed.extend(run.pieces.into_iter().map(|(p, _)| p));
+                }
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Locks the raid1/raid10 lock units covering `[sector, sector + sectors)`.
+    async fn lock_mirror_range(&self, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
+        let unit = match self.geometry.level() {
+            Level::Raid1 => MIRROR_LOCK_SECTORS,
+            Level::Raid10 => u64::from(self.geometry.chunk_sectors()),
+            _ => return Vec::new(),
+        };
+        let (first, last) = (sector / unit, (sector + sectors - 1) / unit);
+        self.locks.lock_all(first..=last).await
+    }
+
+    pub(super) async fn write_mirrored(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
+        let sectors = data.len() as u64 / SECTOR_BYTES;
+        if sectors == 0 {
+            return Ok(());
+        }
+        let _guards = self.lock_mirror_range(start_sector, sectors).await;
+        let pieces = self.writable_copies(start_sector, sectors)?;
+        let runs = coalesce(pieces);
+        let results = join_all(runs.iter().map(|run| {
+            let mut buf = AlignedBuf::zeroed((run.sectors * SECTOR_BYTES) as usize);
+            for (p, at) in &run.pieces {
+                let len = (p.sectors * SECTOR_BYTES) as usize;
+                buf.as_mut_slice()[*at..at + len].copy_from_slice(&data[p.req_offset_bytes..p.req_offset_bytes + len]);
+            }
+            self.write_member(run.role, run.member_sector, buf, fua)
+        }))
+        .await;
+        self.finish_mirror_writes(start_sector, sectors, runs.iter().map(|r| r.role).zip(results), "write").await
+    }
+
+    /// Every writable copy of every piece of the range, as pieces (offsets in the request).
+    fn writable_copies(&self, start_sector: u64, sectors: u64) -> Result<Vec<Piece>> {
+        let mut pieces = Vec::new();
+        let (mut sector, end) = (start_sector, start_sector + sectors);
+        while sector < end {
+            let mapped = self.geometry.map(sector);
+            let run = mapped.len_sectors.min(end - sector);
+            let req_offset_bytes = ((sector - start_sector) * SECTOR_BYTES) as usize;
+            let before = pieces.len();
+            for c in mapped.copies.iter().filter(|c| self.slots[c.role].is_writable()) {
+                pieces.push(Piece { role: c.role, member_sector: c.member_sector, sectors: run, req_offset_bytes });
+            }
+            if pieces.len() == before {
+                return Err(RaidError::new(
+                    ErrorKind::Io,
+                    format!("no live copy of array sectors {sector}..{} (failed roles {:?})", sector + run, self.failed_roles()),
+                ));
+            }
+            sector += run;
+        }
+        Ok(pieces)
+    }
+
+    /// Marks members whose write failed; succeeds if every piece kept a copy.
+    async fn finish_mirror_writes(
+        &self,
+        start_sector: u64,
+        sectors: u64,
+        results: impl Iterator<Item = (usize, std::io::Result<()>)>,
+        what: &str,
+    ) -> Result<()> {
+        let mut first_error = None;
+        for (role, res) in results {
+            if let Err(e) = res {
+                self.member_failed(role, &e, what).await;
+                first_error.get_or_insert((role, e));
+            }
+        }
+        let Some((role, e)) = first_error else { return Ok(()) };
+        if !self.has_redundancy() {
+            return Err(RaidError::io(format!("{what} to role {role} failed"), e));
+        }
+        // Failed members are now faulty: a piece is safe iff it still has a writable copy.
+        self.writable_copies(start_sector, sectors).map(|_| ())
+    }
+
+    /// Zeroes (or discards) whole copies of a range on linear/raid0/raid1/raid10.
+    pub(super) async fn zero_mirrored(&self, start_sector: u64, sectors: u64, deallocate: bool, fua: bool) -> Result<()> {
+        let end = start_sector + sectors;
+        let mut batch_start = start_sector;
+        while batch_start < end {
+            let batch = (end - batch_start).min(ZERO_BATCH_SECTORS);
+            let _guards = self.lock_mirror_range(batch_start, batch).await;
+            let runs = coalesce(self.writable_copies(batch_start, batch)?);
+            let results = join_all(runs.iter().map(|r| self.zero_member(r.role, r.member_sector, r.sectors, deallocate))).await;
+            let roles: Vec<usize> = runs.iter().map(|r| r.role).collect();
+            self.finish_mirror_writes(batch_start, batch, roles.into_iter().zip(results), "zero").await?;
+            batch_start += batch;
+        }
+        if fua { self.flush().await } else { Ok(()) }
+    }
+}

@@ -1,0 +1,349 @@
+//! The array engine: `Array<M>` turns block requests on the array into member I/O.
+//!
+//! ```text
+//!  read/write/flush/trim/write_zeroes (bytes, 512-aligned, <= 32 MiB per read/write)
+//!      │
+//!      ├── linear, raid0, raid1, raid10 ── mirror.rs: map pieces, pick a readable copy
+//!      │                                   (least loaded), write every writable copy
+//!      └── raid4/5/6 ───────────────────── stripe.rs: per-stripe locks, full-stripe
+//!                                          writes without reads, RMW vs reconstruct-write
+//!                                          by fewest reads, degraded reconstruct
+//!      member I/O: coalesced per member (io.rs), errors mark the member faulty
+//!      state changes: metadata.rs (md superblocks through a MetadataStore)
+//! ```
+//!
+//! Guarantees:
+//! - A read returns the bytes last written, or an error; never other bytes. When a copy
+//!   or a data block cannot be read, the engine reconstructs it (redundancy permitting)
+//!   and marks the member faulty; when redundancy is exhausted the affected range fails
+//!   with [`ErrorKind::Io`].
+//! - Writes keep parity/mirrors consistent with the data, also in degraded mode, so a
+//!   later rebuild is correct. Writes to one stripe are serialised by a per-stripe lock;
+//!   different stripes proceed in parallel.
+//! - `flush` makes every completed write durable on every live member; a write with
+//!   `fua` is durable (data and parity) when it completes.
+
+mod io;
+mod lock_table;
+mod metadata;
+mod mirror;
+mod read_data;
+mod slot;
+mod stripe;
+mod stripe_plan;
+
+use std::io as stdio;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::future::join_all;
+
+pub use lock_table::{LockGuard, LockTable};
+pub use metadata::{MetadataStore, StateChange, SuperblockWrite};
+pub use read_data::{ReadData, Segment};
+pub use slot::{RoleMember, SlotState};
+
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::{Geometry, Level};
+use crate::member::Member;
+use crate::SECTOR_BYTES;
+use slot::Slot;
+
+/// Largest READ/WRITE the engine accepts in one call (the NBD kernel client's maximum).
+pub const MAX_IO_BYTES: usize = 32 << 20;
+
+/// Lock key reserved for serialising superblock updates (never a stripe number).
+const META_LOCK_KEY: u64 = u64::MAX;
+
+/// Reads of raid1 larger than this are split across mirrors.
+const MIRROR_READ_SPLIT_SECTORS: u64 = 512; // 256 KiB
+
+/// Lock unit for raid1 writes, in array sectors.
+const MIRROR_LOCK_SECTORS: u64 = 128; // 64 KiB
+
+/// Snapshot of one role for status displays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleStatus {
+    pub role: usize,
+    pub name: Option<String>,
+    pub state: SlotState,
+    /// Member sectors rebuilt so far when recovering.
+    pub recovery_offset_sectors: Option<u64>,
+}
+
+/// A running RAID array over members of type `M` (often `dyn Member`).
+pub struct Array<M: Member + ?Sized> {
+    geometry: Geometry,
+    slots: Vec<Slot<M>>,
+    locks: LockTable,
+    metadata: Option<Mutex<Box<dyn MetadataStore>>>,
+    /// The superblocks currently say "dirty" (resync_offset = 0).
+    dirty: AtomicBool,
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// Starts an array from its geometry and the member serving each role (`None` =
+    /// missing). `metadata` receives state changes; `None` runs without superblocks
+    /// (tests, raw arrays). `dirty` says whether the superblocks already say dirty.
+    pub fn new(
+        geometry: Geometry,
+        members: Vec<Option<RoleMember<M>>>,
+        metadata: Option<Box<dyn MetadataStore>>,
+        dirty: bool,
+    ) -> Result<Self> {
+        if members.len() != geometry.raid_disks() {
+            return Err(RaidError::new(
+                ErrorKind::CannotAssemble,
+                format!("{} members given for {} roles", members.len(), geometry.raid_disks()),
+            ));
+        }
+        for (role, m) in members.iter().enumerate() {
+            let Some(m) = m else { continue };
+            // TODO(geometry): Geometry::member_sectors(role) once geometry exposes it.
+            let needed = m.data_offset_bytes;
+            if m.member.len_bytes() < needed {
+                return Err(RaidError::new(
+                    ErrorKind::CannotAssemble,
+                    format!(
+                        "{}: member is {} bytes, role {role} needs {needed} bytes",
+                        m.member.name(),
+                        m.member.len_bytes()
+                    ),
+                ));
+            }
+            if m.member.alignment() as u64 > SECTOR_BYTES {
+                return Err(RaidError::new(
+                    ErrorKind::CannotAssemble,
+                    format!(
+                        "{}: member needs {}-byte aligned I/O; open it without O_DIRECT",
+                        m.member.name(),
+                        m.member.alignment()
+                    ),
+                ));
+            }
+        }
+        let slots: Vec<Slot<M>> = members.into_iter().map(Slot::new).collect();
+        let missing: Vec<usize> = (0..slots.len()).filter(|&r| slots[r].state() == SlotState::Missing).collect();
+        if !geometry.survives(&missing) {
+            return Err(RaidError::new(
+                ErrorKind::CannotAssemble,
+                format!("{} cannot run with roles {missing:?} missing", geometry.level()),
+            ));
+        }
+        Ok(Self { geometry, slots, locks: LockTable::new(), metadata: metadata.map(Mutex::new), dirty: AtomicBool::new(dirty) })
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.geometry.array_sectors() * SECTOR_BYTES
+    }
+
+    /// Whether every role is in sync.
+    pub fn is_optimal(&self) -> bool {
+        self.slots.iter().all(|s| s.state() == SlotState::InSync)
+    }
+
+    /// Roles that are faulty or missing.
+    pub fn failed_roles(&self) -> Vec<usize> {
+        (0..self.slots.len()).filter(|&r| matches!(self.slots[r].state(), SlotState::Faulty | SlotState::Missing)).collect()
+    }
+
+    pub fn role_status(&self) -> Vec<RoleStatus> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(role, s)| RoleStatus {
+                role,
+                name: s.member.as_ref().map(|m| m.name().to_string()),
+                state: s.state(),
+                recovery_offset_sectors: (s.state() == SlotState::Recovering).then(|| s.recovery_offset_sectors()),
+            })
+            .collect()
+    }
+
+    /// Reads `len_bytes` at `offset_bytes`.
+    pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<ReadData> {
+        self.check_io(offset_bytes, len_bytes as u64, true)?;
+        if self.geometry.parity().is_some() {
+            self.read_striped(offset_bytes / SECTOR_BYTES, len_bytes).await
+        } else {
+            self.read_mirrored(offset_bytes / SECTOR_BYTES, len_bytes).await
+        }
+    }
+
+    /// Writes `data` at `offset_bytes`; with `fua` it is durable on return.
+    pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_io(offset_bytes, data.len() as u64, true)?;
+        self.ensure_dirty().await?;
+        if self.geometry.parity().is_some() {
+            self.write_striped(offset_bytes / SECTOR_BYTES, data.len() as u64 / SECTOR_BYTES, stripe::WriteSource::Data(data), fua)
+                .await
+        } else {
+            self.write_mirrored(offset_bytes / SECTOR_BYTES, data, fua).await
+        }
+    }
+
+    /// Zeroes a range (any length). Whole stripes/chunks are zeroed on the members
+    /// (deallocating when `may_deallocate`); partial stripes are written with zeros so
+    /// parity stays consistent.
+    pub async fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> Result<()> {
+        self.check_io(offset_bytes, len_bytes, false)?;
+        self.ensure_dirty().await?;
+        self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, may_deallocate, fua, false).await
+    }
+
+    /// Discards a range (any length). Only whole stripes (raid4/5/6) are discarded, on
+    /// every member so parity stays consistent; the rest is left alone (TRIM is a hint).
+    /// Discarded ranges read back as zeros.
+    pub async fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.check_io(offset_bytes, len_bytes, false)?;
+        self.ensure_dirty().await?;
+        self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, true, fua, true).await
+    }
+
+    /// Makes every completed write durable on every live member.
+    pub async fn flush(&self) -> Result<()> {
+        let live: Vec<usize> = (0..self.slots.len()).filter(|&r| self.slots[r].is_writable()).collect();
+        let results = join_all(live.iter().map(|&r| self.slots[r].member().flush())).await;
+        for (&role, res) in live.iter().zip(results) {
+            if let Err(e) = res {
+                self.member_failed(role, &e, "flush").await;
+            }
+        }
+        self.check_survives("flush")
+    }
+
+    /// Orderly stop: flush, then record "clean" in the superblocks.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.flush().await?;
+        if self.dirty.load(Ordering::Acquire) {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            self.persist_locked(StateChange::Clean).await;
+            self.dirty.store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Marks the member in `role` faulty on request (admin "fail").
+    pub async fn fail_role(&self, role: usize) -> Result<()> {
+        if role >= self.slots.len() {
+            return Err(RaidError::new(ErrorKind::Refused, format!("no role {role}")));
+        }
+        let mut failed = self.failed_roles();
+        failed.push(role);
+        if !self.geometry.survives(&failed) {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("failing role {role} would leave {} without its data", self.geometry.level()),
+            ));
+        }
+        if self.slots[role].set_faulty() {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            self.persist_locked(StateChange::Faulty { role }).await;
+        }
+        Ok(())
+    }
+
+    fn check_io(&self, offset_bytes: u64, len_bytes: u64, limit: bool) -> Result<()> {
+        let end = offset_bytes.checked_add(len_bytes);
+        if offset_bytes % SECTOR_BYTES != 0 || len_bytes % SECTOR_BYTES != 0 {
+            return Err(RaidError::new(
+                ErrorKind::OutOfRange,
+                format!("request {offset_bytes}+{len_bytes} is not 512-byte aligned"),
+            ));
+        }
+        if end.is_none_or(|e| e > self.size_bytes()) {
+            return Err(RaidError::new(
+                ErrorKind::OutOfRange,
+                format!("request {offset_bytes}+{len_bytes} beyond array end {}", self.size_bytes()),
+            ));
+        }
+        if limit && len_bytes > MAX_IO_BYTES as u64 {
+            return Err(RaidError::new(ErrorKind::Refused, format!("request of {len_bytes} bytes exceeds 32 MiB")));
+        }
+        Ok(())
+    }
+
+    fn has_redundancy(&self) -> bool {
+        !matches!(self.geometry.level(), Level::Linear | Level::Raid0)
+    }
+
+    /// Error unless the array still holds all its data.
+    fn check_survives(&self, what: &str) -> Result<()> {
+        let failed = self.failed_roles();
+        if self.geometry.survives(&failed) {
+            Ok(())
+        } else {
+            Err(RaidError::new(
+                ErrorKind::ArrayFailed,
+                format!("{what}: {} has lost roles {failed:?}, more than its redundancy", self.geometry.level()),
+            ))
+        }
+    }
+
+    /// Records that a member I/O failed: marks it faulty (redundant levels) and makes
+    /// that durable before returning.
+    async fn member_failed(&self, role: usize, error: &stdio::Error, what: &str) {
+        let name = self.slots[role].member.as_ref().map_or("?", |m| m.name());
+        if !self.has_redundancy() {
+            tracing::error!(member = name, role, %error, "{what} failed");
+            return;
+        }
+        if self.slots[role].set_faulty() {
+            tracing::error!(member = name, role, %error, "{what} failed: member marked faulty, array degraded");
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            self.persist_locked(StateChange::Faulty { role }).await;
+        }
+    }
+
+    /// Writes the superblocks for `change` (and for members that fail while doing so).
+    /// The caller holds the metadata lock.
+    async fn persist_locked(&self, change: StateChange) {
+        let Some(store) = &self.metadata else { return };
+        let mut pending = vec![change];
+        while let Some(change) = pending.pop() {
+            let writes = store.lock().expect("metadata lock").apply(&change);
+            let live: Vec<SuperblockWrite> = writes.into_iter().filter(|w| self.slots[w.role].is_writable()).collect();
+            let results = join_all(live.into_iter().map(|w| {
+                let member = self.slots[w.role].member().clone();
+                async move { (w.role, member.write_at(w.offset_bytes, w.image, true).await.0) }
+            }))
+            .await;
+            for (role, res) in results {
+                if let Err(e) = res {
+                    tracing::error!(role, error = %e, "superblock write failed: member marked faulty");
+                    if self.slots[role].set_faulty() {
+                        pending.push(StateChange::Faulty { role });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn zero_range(&self, start: u64, sectors: u64, deallocate: bool, fua: bool, trim_only: bool) -> Result<()> {
+        if sectors == 0 {
+            return Ok(());
+        }
+        if self.geometry.parity().is_some() {
+            self.zero_striped(start, sectors, deallocate, trim_only).await?;
+            if fua { self.flush().await } else { Ok(()) }
+        } else {
+            self.zero_mirrored(start, sectors, deallocate, fua).await
+        }
+    }
+
+    async fn ensure_dirty(&self) -> Result<()> {
+        if self.metadata.is_none() || self.dirty.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        if !self.dirty.load(Ordering::Acquire) {
+            self.persist_locked(StateChange::Dirty).await;
+            self.dirty.store(true, Ordering::Release);
+        }
+        self.check_survives("mark dirty")
+    }
+}

@@ -1,0 +1,462 @@
+//! raid4/5/6 I/O: stripe-locked writes with parity, and reads that rebuild data from
+//! the rest of the stripe when a data block is unreadable.
+//!
+//! Block order inside a stripe, used for buffers and parity kinds: data indexes
+//! `0..dd`, then P, then Q (raid6).
+//!
+//! Failure handling: a failed read marks the member faulty and the whole request is
+//! planned again (nothing was written yet, and the stripe locks are still held). A failed
+//! write marks the member faulty and is not retried: the other blocks of the stripe are
+//! already consistent with the new data, so the lost block is reconstructable.
+
+use futures::future::join_all;
+
+use super::io::Piece;
+use super::read_data::{ReadAssembler, ReadData};
+use super::stripe_plan::{Mode, StripeWrite, choose_mode, segments, stripe_writes};
+use super::{Array, MAX_IO_BYTES};
+use crate::SECTOR_BYTES;
+use crate::buf::AlignedBuf;
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::{ParityGeometry, StripeLayout};
+use crate::member::Member;
+use crate::parity::{self, BlockKind};
+
+/// Where the new data of a write comes from.
+#[derive(Clone, Copy)]
+pub(crate) enum WriteSource<'a> {
+    Data(&'a [u8]),
+    Zeros,
+}
+
+/// Stripes zeroed per batch by trim/write-zeroes (bounds locks held and memory).
+const ZERO_BATCH_STRIPES: u64 = 4096;
+
+fn block_role(layout: &StripeLayout, block: usize) -> usize {
+    let dd = layout.data_roles.len();
+    match block.checked_sub(dd) {
+        None => layout.data_roles[block],
+        Some(0) => layout.p_role,
+        Some(_) => layout.q_role.expect("Q block only on raid6"),
+    }
+}
+
+fn block_kinds(layout: &StripeLayout, parity_disks: usize) -> Vec<BlockKind> {
+    let dd = layout.data_roles.len();
+    let mut kinds: Vec<BlockKind> =
+        (0..dd).map(|k| BlockKind::Data { exponent: layout.q_exponents.get(k).copied().unwrap_or(0) }).collect();
+    kinds.push(BlockKind::P);
+    if parity_disks == 2 {
+        kinds.push(BlockKind::Q);
+    }
+    kinds
+}
+
+/// One segment of one stripe being written.
+struct Job {
+    /// Index into the request's stripe writes.
+    write: usize,
+    member_sector: u64,
+    rows: (u32, u32),
+    written: u64,
+    mode: Mode,
+    /// Blocks to read before computing (decided with the plan, from the same states).
+    reads: Vec<usize>,
+    /// Block buffers (data.., P, Q), filled by reads then by computation.
+    blocks: Vec<Option<AlignedBuf>>,
+}
+
+impl Job {
+    fn sectors(&self) -> u64 {
+        u64::from(self.rows.1 - self.rows.0)
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    fn parity_geometry(&self) -> &ParityGeometry {
+        self.geometry.parity().expect("striped I/O on a parity level")
+    }
+
+    pub(super) async fn read_striped(&self, start_sector: u64, len_bytes: usize) -> Result<ReadData> {
+        let end = start_sector + len_bytes as u64 / SECTOR_BYTES;
+        let mut out = ReadAssembler::new(len_bytes);
+        let (mut direct, mut degraded) = (Vec::new(), Vec::new());
+        let mut sector = start_sector;
+        while sector < end {
+            let mapped = self.geometry.map(sector);
+            let run = mapped.len_sectors.min(end - sector);
+            let copy = mapped.copies[0];
+            let piece = Piece {
+                role: copy.role,
+                member_sector: copy.member_sector,
+                sectors: run,
+                req_offset_bytes: ((sector - start_sector) * SECTOR_BYTES) as usize,
+            };
+            if self.slots[copy.role].is_readable(copy.member_sector, run) {
+                direct.push(piece);
+            } else {
+                degraded.push(piece);
+            }
+            sector += run;
+        }
+        degraded.extend(self.read_pieces(direct, &mut out).await?);
+        if degraded.is_empty() {
+            return Ok(out.finish());
+        }
+        // Group what must be rebuilt by stripe: (data index, row, sectors, request offset).
+        let pg = self.parity_geometry();
+        let mut by_stripe: std::collections::BTreeMap<u64, Vec<(usize, u32, u64, usize)>> = Default::default();
+        for p in degraded {
+            let (stripe, k, row) = pg.locate(start_sector + p.req_offset_bytes as u64 / SECTOR_BYTES);
+            by_stripe.entry(stripe).or_default().push((k, row, p.sectors, p.req_offset_bytes));
+        }
+        let rebuilt = join_all(by_stripe.into_iter().map(|(stripe, wanted)| self.read_degraded_stripe(stripe, wanted))).await;
+        for result in rebuilt {
+            for (buf, pieces) in result? {
+                let b = out.add_buf(buf);
+                for (req_offset, at, len) in pieces {
+                    out.piece(req_offset, b, at, len);
+                }
+            }
+        }
+        Ok(out.finish())
+    }
+
+    /// Rebuilds the wanted data pieces of one stripe from its readable blocks.
+    /// Returns block buffers with the (request offset, offset in buffer, length) of each piece.
+    async fn read_degraded_stripe(
+        &self,
+        stripe: u64,
+        wanted: Vec<(usize, u32, u64, usize)>,
+    ) -> Result<Vec<(AlignedBuf, Vec<(usize, usize, usize)>)>> {
+        let _guard = self.locks.lock(stripe).await;
+        let lo = wanted.iter().map(|w| w.1).min().expect("at least one piece");
+        let hi = wanted.iter().map(|w| w.1 + w.2 as u32).max().expect("at least one piece");
+        let mut blocks = self.load_stripe_rows(stripe, (lo, hi)).await?;
+        let mut out: Vec<(AlignedBuf, Vec<(usize, usize, usize)>)> = Vec::new();
+        let mut index_of_block = vec![usize::MAX; blocks.len()];
+        for (k, row, sectors, req_offset) in wanted {
+            if index_of_block[k] == usize::MAX {
+                index_of_block[k] = out.len();
+                out.push((blocks[k].take().expect("block loaded"), Vec::new()));
+            }
+            let at = ((row - lo) as u64 * SECTOR_BYTES) as usize;
+            out[index_of_block[k]].1.push((req_offset, at, (sectors * SECTOR_BYTES) as usize));
+        }
+        Ok(out)
+    }
+
+    /// Reads every readable block of `rows` of `stripe` and rebuilds the others.
+    /// The caller holds the stripe lock. Retries (after marking the member faulty) when a
+    /// read fails; fails when more blocks are unreadable than the level can rebuild.
+    pub(super) async fn load_stripe_rows(&self, stripe: u64, rows: (u32, u32)) -> Result<Vec<Option<AlignedBuf>>> {
+        let pg = self.parity_geometry();
+        let layout = pg.stripe(stripe);
+        let np = pg.parity_disks();
+        let nblocks = layout.data_roles.len() + np;
+        let member_sector = pg.stripe_member_sector(stripe) + u64::from(rows.0);
+        let sectors = u64::from(rows.1 - rows.0);
+        for _attempt in 0..=self.slots.len() {
+            let readable: Vec<usize> = (0..nblocks)
+                .filter(|&b| self.slots[block_role(&layout, b)].is_readable(member_sector, sectors))
+                .collect();
+            let missing: Vec<usize> = (0..nblocks).filter(|b| !readable.contains(b)).collect();
+            if missing.len() > np {
+                return Err(RaidError::new(
+                    ErrorKind::Io,
+                    format!(
+                        "stripe {stripe}: roles {:?} unavailable, {} can rebuild at most {np}",
+                        missing.iter().map(|&b| block_role(&layout, b)).collect::<Vec<_>>(),
+                        pg.level()
+                    ),
+                ));
+            }
+            let results = join_all(
+                readable.iter().map(|&b| self.read_member(block_role(&layout, b), member_sector, sectors)),
+            )
+            .await;
+            let mut blocks: Vec<Option<AlignedBuf>> = (0..nblocks).map(|_| None).collect();
+            let mut failed = false;
+            for (&b, res) in readable.iter().zip(results) {
+                match res {
+                    Ok(buf) => blocks[b] = Some(buf),
+                    Err(e) => {
+                        self.member_failed(block_role(&layout, b), &e, "read").await;
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                continue;
+            }
+            let len = (sectors * SECTOR_BYTES) as usize;
+            for &b in &missing {
+                blocks[b] = Some(AlignedBuf::zeroed(len));
+            }
+            let kinds = block_kinds(&layout, np);
+            let mut slices: Vec<&mut [u8]> = blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
+            assert!(parity::reconstruct(&mut slices, &kinds, &missing), "reconstruct within redundancy");
+            return Ok(blocks);
+        }
+        Err(RaidError::new(ErrorKind::Io, format!("stripe {stripe}: members kept failing")))
+    }
+
+    pub(super) async fn write_striped(&self, start_sector: u64, sectors: u64, src: WriteSource<'_>, fua: bool) -> Result<()> {
+        let pg = self.parity_geometry();
+        let writes = stripe_writes(start_sector, sectors, pg.chunk_sectors(), pg.data_disks());
+        let _guards = self.locks.lock_all(writes.iter().map(|w| w.stripe)).await;
+        self.write_stripes_locked(&writes, src, fua).await
+    }
+
+    async fn write_stripes_locked(&self, writes: &[StripeWrite], src: WriteSource<'_>, fua: bool) -> Result<()> {
+        let pg = self.parity_geometry();
+        let layouts: Vec<StripeLayout> = writes.iter().map(|w| pg.stripe(w.stripe)).collect();
+        for _attempt in 0..=self.slots.len() {
+            let mut jobs = self.plan_jobs(writes, &layouts)?;
+            let layouts_ref = &layouts;
+            let reads: Vec<(usize, usize, usize)> = jobs
+                .iter()
+                .enumerate()
+                .flat_map(|(j, job)| job.reads.iter().map(move |&b| (j, b, block_role(&layouts_ref[job.write], b))))
+                .collect();
+            let results = join_all(
+                reads.iter().map(|&(j, _, role)| self.read_member(role, jobs[j].member_sector, jobs[j].sectors())),
+            )
+            .await;
+            let mut read_failed = false;
+            for (&(j, b, role), res) in reads.iter().zip(results) {
+                match res {
+                    Ok(buf) => jobs[j].blocks[b] = Some(buf),
+                    Err(e) => {
+                        self.member_failed(role, &e, "read").await;
+                        read_failed = true;
+                    }
+                }
+            }
+            if read_failed {
+                continue;
+            }
+            let mut member_writes: Vec<(usize, u64, AlignedBuf)> = Vec::new();
+            for job in jobs {
+                let write = &writes[job.write];
+                self.compute_job(job, write, &layouts, src, &mut member_writes);
+            }
+            let runs = concat_runs(member_writes);
+            let results = join_all(
+                runs.into_iter().map(|(role, sector, buf)| async move { (role, self.write_member(role, sector, buf, fua).await) }),
+            )
+            .await;
+            for (role, res) in results {
+                if let Err(e) = res {
+                    self.member_failed(role, &e, "write").await;
+                }
+            }
+            return self.check_survives("write");
+        }
+        Err(RaidError::new(ErrorKind::Io, "write: members kept failing"))
+    }
+
+    /// Chooses a mode and the reads for every written segment of every stripe, from the
+    /// current member states.
+    fn plan_jobs(&self, writes: &[StripeWrite], layouts: &[StripeLayout]) -> Result<Vec<Job>> {
+        let pg = self.parity_geometry();
+        let (dd, np) = (pg.data_disks(), pg.parity_disks());
+        let mut jobs = Vec::new();
+        for (i, w) in writes.iter().enumerate() {
+            let layout = &layouts[i];
+            let dead = (0..dd + np).filter(|&b| !self.slots[block_role(layout, b)].is_writable()).count();
+            if dead > np {
+                return Err(RaidError::new(
+                    ErrorKind::ArrayFailed,
+                    format!("write: {} has lost roles {:?}", pg.level(), self.failed_roles()),
+                ));
+            }
+            for seg in segments(&w.blocks) {
+                let member_sector = pg.stripe_member_sector(w.stripe) + u64::from(seg.rows.0);
+                let sectors = u64::from(seg.rows.1 - seg.rows.0);
+                let readable = |b: usize| self.slots[block_role(layout, b)].is_readable(member_sector, sectors);
+                let written = |k: usize| seg.written & (1 << k) != 0;
+                let unreadable_data = (0..dd).filter(|&k| !readable(k)).fold(0u64, |m, k| m | 1 << k);
+                let readable_parity: Vec<usize> = (dd..dd + np).filter(|&b| readable(b)).collect();
+                let mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len());
+                let reads: Vec<usize> = match mode {
+                    Mode::Full => Vec::new(),
+                    Mode::ReadModifyWrite if readable_parity.is_empty() => Vec::new(),
+                    Mode::ReadModifyWrite => (0..dd).filter(|&k| written(k)).chain(readable_parity).collect(),
+                    Mode::ReconstructWrite => (0..dd).filter(|&k| !written(k)).collect(),
+                    Mode::Degraded => (0..dd + np).filter(|&b| readable(b)).collect(),
+                };
+                if mode == Mode::Degraded && dd + np - reads.len() > np {
+                    return Err(RaidError::new(
+                        ErrorKind::Io,
+                        format!("write: stripe {} cannot be rebuilt (failed roles {:?})", w.stripe, self.failed_roles()),
+                    ));
+                }
+                jobs.push(Job {
+                    write: i,
+                    member_sector,
+                    rows: seg.rows,
+                    written: seg.written,
+                    mode,
+                    reads,
+                    blocks: (0..dd + np).map(|_| None).collect(),
+                });
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// Computes the new blocks of one job and queues the member writes.
+    fn compute_job(
+        &self,
+        mut job: Job,
+        write: &StripeWrite,
+        layouts: &[StripeLayout],
+        src: WriteSource<'_>,
+        out: &mut Vec<(usize, u64, AlignedBuf)>,
+    ) {
+        let layout = &layouts[job.write];
+        let np = self.parity_geometry().parity_disks();
+        let dd = layout.data_roles.len();
+        let len = (job.sectors() * SECTOR_BYTES) as usize;
+        let kinds = block_kinds(layout, np);
+        let written = |k: usize| job.written & (1 << k) != 0;
+        let new_data = |k: usize| match src {
+            WriteSource::Data(data) => {
+                let bw = write.blocks[k].expect("written block");
+                let at = bw.req_offset_bytes + ((job.rows.0 - bw.rows.0) as u64 * SECTOR_BYTES) as usize;
+                AlignedBuf::from_slice(&data[at..at + len])
+            }
+            WriteSource::Zeros => AlignedBuf::zeroed(len),
+        };
+        let queue = |b: usize, buf: AlignedBuf, out: &mut Vec<(usize, u64, AlignedBuf)>| {
+            let role = block_role(layout, b);
+            if self.slots[role].is_writable() {
+                out.push((role, job.member_sector, buf));
+            }
+        };
+        if job.mode == Mode::ReadModifyWrite {
+            let parity_read: Vec<usize> = (dd..dd + np).filter(|&b| job.blocks[b].is_some()).collect();
+            for k in (0..dd).filter(|&k| written(k)) {
+                let new = new_data(k);
+                if !parity_read.is_empty() {
+                    let mut delta = job.blocks[k].take().expect("old data was read");
+                    parity::xor_into(delta.as_mut_slice(), new.as_slice());
+                    for &b in &parity_read {
+                        let p = job.blocks[b].as_mut().expect("parity was read").as_mut_slice();
+                        match kinds[b] {
+                            BlockKind::Q => {
+                                let BlockKind::Data { exponent } = kinds[k] else { unreachable!("data kind") };
+                                parity::mul_exp_xor_into(p, delta.as_slice(), exponent);
+                            }
+                            _ => parity::xor_into(p, delta.as_slice()),
+                        }
+                    }
+                }
+                queue(k, new, out);
+            }
+            for b in parity_read {
+                queue(b, job.blocks[b].take().expect("parity was read"), out);
+            }
+            return;
+        }
+        if job.mode == Mode::Degraded {
+            let missing: Vec<usize> = (0..dd + np).filter(|&b| job.blocks[b].is_none()).collect();
+            for &b in &missing {
+                job.blocks[b] = Some(AlignedBuf::zeroed(len));
+            }
+            let mut slices: Vec<&mut [u8]> = job.blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
+            assert!(parity::reconstruct(&mut slices, &kinds, &missing), "planned within redundancy");
+        }
+        for k in (0..dd).filter(|&k| written(k)) {
+            job.blocks[k] = Some(new_data(k));
+        }
+        for b in dd..dd + np {
+            job.blocks[b] = Some(AlignedBuf::zeroed(len));
+        }
+        {
+            let mut slices: Vec<&mut [u8]> =
+                job.blocks.iter_mut().map(|b| b.as_mut().expect("every block present").as_mut_slice()).collect();
+            parity::compute_parity(&mut slices, &kinds);
+        }
+        for b in (0..dd).filter(|&k| written(k)).chain(dd..dd + np) {
+            queue(b, job.blocks[b].take().expect("computed"), out);
+        }
+    }
+
+    /// Zeroes `[start, start + sectors)`: whole stripes on every member (so parity, zero
+    /// for zero data, stays right), partial stripes by writing zeros unless `trim_only`.
+    pub(super) async fn zero_striped(&self, start: u64, sectors: u64, deallocate: bool, trim_only: bool) -> Result<()> {
+        let pg = self.parity_geometry();
+        let stripe_sectors = pg.stripe_data_sectors();
+        let end = start + sectors;
+        let first_full = start.div_ceil(stripe_sectors);
+        let end_full = end / stripe_sectors;
+        let zero_partial = |from: u64, to: u64| async move {
+            let mut at = from;
+            while at < to {
+                let n = (to - at).min(MAX_IO_BYTES as u64 / SECTOR_BYTES);
+                self.write_striped(at, n, WriteSource::Zeros, false).await?;
+                at += n;
+            }
+            Ok::<(), RaidError>(())
+        };
+        if first_full >= end_full {
+            return if trim_only { Ok(()) } else { zero_partial(start, end).await };
+        }
+        if !trim_only {
+            zero_partial(start, first_full * stripe_sectors).await?;
+            zero_partial(end_full * stripe_sectors, end).await?;
+        }
+        let chunk = u64::from(pg.chunk_sectors());
+        let mut stripe = first_full;
+        while stripe < end_full {
+            let n = (end_full - stripe).min(ZERO_BATCH_STRIPES);
+            let _guards = self.locks.lock_all(stripe..stripe + n).await;
+            let roles: Vec<usize> = (0..self.slots.len()).filter(|&r| self.slots[r].is_writable()).collect();
+            let results =
+                join_all(roles.iter().map(|&r| self.zero_member(r, stripe * chunk, n * chunk, deallocate))).await;
+            for (&role, res) in roles.iter().zip(results) {
+                if let Err(e) = res {
+                    self.member_failed(role, &e, "zero").await;
+                }
+            }
+            self.check_survives("zero")?;
+            stripe += n;
+        }
+        Ok(())
+    }
+}
+
+/// Merges writes that are contiguous on one member into one buffer each.
+fn concat_runs(mut writes: Vec<(usize, u64, AlignedBuf)>) -> Vec<(usize, u64, AlignedBuf)> {
+    writes.sort_unstable_by_key(|w| (w.0, w.1));
+    let mut out: Vec<(usize, u64, Vec<AlignedBuf>)> = Vec::new();
+    for (role, sector, buf) in writes {
+        if let Some(last) = out.last_mut() {
+            let end = last.1 + last.2.iter().map(|b| b.len() as u64 / SECTOR_BYTES).sum::<u64>();
+            let len: usize = last.2.iter().map(AlignedBuf::len).sum();
+            if last.0 == role && end == sector && len + buf.len() <= MAX_IO_BYTES {
+                last.2.push(buf);
+                continue;
+            }
+            debug_assert!(last.0 != role || end <= sector, "overlapping member writes");
+        }
+        out.push((role, sector, vec![buf]));
+    }
+    out.into_iter()
+        .map(|(role, sector, mut bufs)| {
+            if bufs.len() == 1 {
+                return (role, sector, bufs.pop().expect("one buffer"));
+            }
+            let total = bufs.iter().map(AlignedBuf::len).sum();
+            let mut joined = AlignedBuf::zeroed(total);
+            let mut at = 0;
+            for b in &bufs {
+                joined.as_mut_slice()[at..at + b.len()].copy_from_slice(b.as_slice());
+                at += b.len();
+            }
+            (role, sector, joined)
+        })
+        .collect()
+}
