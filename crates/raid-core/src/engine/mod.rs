@@ -99,8 +99,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         for (role, m) in members.iter().enumerate() {
             let Some(m) = m else { continue };
-            // TODO(geometry): Geometry::member_sectors(role) once geometry exposes it.
-            let needed = m.data_offset_bytes;
+            let needed = m.data_offset_bytes + geometry.member_sectors(role) * SECTOR_BYTES;
             if m.member.len_bytes() < needed {
                 return Err(RaidError::new(
                     ErrorKind::CannotAssemble,

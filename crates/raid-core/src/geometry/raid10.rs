@@ -1,5 +1,166 @@
-//! TODO(geometry): raid10 mapping.
+//! RAID10: near, far and offset copies (`raid10.c` setup_geo, __raid10_find_phys,
+//! calc_sectors, raid10_size; `md-format.md` §2.6).
+//!
+//! ```text
+//!  n2, 3 disks    f2, 4 disks (size 6 chunks)    o2, 4 disks
+//!   0  0  1        0  1  2  3                      0  1  2  3
+//!   1  2  2        4  5  6  7                      3  0  1  2
+//!   3  3  4        8  9 10 11                      4  5  6  7
+//!   4  5  5        3  0  1  2  <- stride           7  4  5  6
+//!                  7  4  5  6
+//!                 11  8  9 10
+//! ```
+//!
+//! Array chunk `v` starts at virtual chunk `v·nc`: device `v·nc mod n`, row `v·nc / n`
+//! (times `fc` with the offset flag). Its copies sit on the cyclic window of `nc·fc`
+//! devices starting there, near copies on consecutive devices (a wrap moves one row
+//! down), each far copy `nc` devices further and one `stride` lower.
+//!
+//! The array size and far stride come from md's `size` (`sb.size`), not the device size:
+//! `array_chunks = ⌊⌊size/c⌋/fc⌋·n/nc`, `stride = ⌈array_chunks·nc·fc/n⌉/fc` chunks (one
+//! chunk with the offset flag). Only the far-set mode mdadm creates (bits 17+ zero,
+//! far set = all members) is accepted, and offset layouts with several near copies only
+//! when nc divides n (otherwise md's own formula puts two chunks on one sector).
 
-/// Placeholder: the geometry owner defines the fields.
+use super::{Extent, GeometryError, Level, Mapped, Raid10Layout, check_chunk};
+
+/// Geometry of a raid10 array.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Raid10Geometry {}
+pub struct Raid10Geometry {
+    layout: Raid10Layout,
+    chunk_sectors: u32,
+    raid_disks: usize,
+    /// md `size` as given (sectors of each member the array may use).
+    size_sectors: u64,
+    /// Array size in chunks (`raid10_size`).
+    array_chunks: u64,
+    /// Member sectors between a chunk and its next far copy.
+    stride_sectors: u64,
+    /// md's `dev_sectors`: every copy lies below it.
+    used_member_sectors: u64,
+}
+
+impl Raid10Geometry {
+    /// `layout` is md's raw value; `size_sectors` is md's `size` (shared by every member).
+    pub fn new(layout: u32, chunk_sectors: u32, raid_disks: usize, size_sectors: u64) -> Result<Self, GeometryError> {
+        let bad_layout = GeometryError::BadLayout { level: Level::Raid10, layout };
+        let parsed = Raid10Layout::from_md(layout).ok_or(bad_layout.clone())?;
+        // md's setup_conf: 2 <= copies <= raid_disks (a single copy is raid0, refused).
+        let copies = u64::from(parsed.copies());
+        if copies < 2 || copies > raid_disks as u64 {
+            return Err(bad_layout);
+        }
+        // With the offset flag, md moves a near copy that wraps to role 0 down by one row
+        // only, onto the first offset copy of the previous chunk (`__raid10_find_phys`):
+        // two chunks would share sectors. That happens when nc > 1 does not divide n;
+        // mdadm never creates such layouts, and we refuse them rather than lose data.
+        if parsed.offset && parsed.near_copies > 1 && !raid_disks.is_multiple_of(parsed.near_copies as usize) {
+            return Err(bad_layout);
+        }
+        check_chunk(chunk_sectors)?;
+        let n = raid_disks as u64;
+        let (nc, fc) = (u64::from(parsed.near_copies), u64::from(parsed.far_copies));
+        let chunk = u64::from(chunk_sectors);
+        // calc_sectors / raid10_size.
+        let array_chunks = (size_sectors / chunk) / fc * n / nc;
+        if array_chunks == 0 {
+            return Err(GeometryError::MemberTooSmall { role: 0, sectors: size_sectors });
+        }
+        let used_chunks_per_dev = (array_chunks * nc * fc).div_ceil(n);
+        let stride_sectors = if parsed.offset { chunk } else { used_chunks_per_dev / fc * chunk };
+        Ok(Raid10Geometry {
+            layout: parsed,
+            chunk_sectors,
+            raid_disks,
+            size_sectors,
+            array_chunks,
+            stride_sectors,
+            used_member_sectors: used_chunks_per_dev * chunk,
+        })
+    }
+
+    pub fn layout(&self) -> Raid10Layout {
+        self.layout
+    }
+
+    pub fn raid_disks(&self) -> usize {
+        self.raid_disks
+    }
+
+    pub fn chunk_sectors(&self) -> u32 {
+        self.chunk_sectors
+    }
+
+    /// md `size` the geometry was built from.
+    pub fn size_sectors(&self) -> u64 {
+        self.size_sectors
+    }
+
+    /// md's `dev_sectors` (`calc_sectors`): ⌈array_chunks·nc·fc/n⌉ chunks, the member
+    /// sectors the copies occupy (at most [`Raid10Geometry::size_sectors`]).
+    pub fn used_member_sectors(&self) -> u64 {
+        self.used_member_sectors
+    }
+
+    pub fn array_sectors(&self) -> u64 {
+        self.array_chunks * u64::from(self.chunk_sectors)
+    }
+
+    /// Member sectors between a near copy and its first far copy (md's `geo->stride`).
+    pub fn stride_sectors(&self) -> u64 {
+        self.stride_sectors
+    }
+
+    /// Chunks per full stripe for md's `optimal_io_size`: n/nc when nc divides n, else n.
+    pub fn stripe_width_chunks(&self) -> usize {
+        let nc = self.layout.near_copies as usize;
+        if self.raid_disks.is_multiple_of(nc) { self.raid_disks / nc } else { self.raid_disks }
+    }
+
+    /// Every copy of `array_sector` (`< array_sectors()`) in md's slot order; the run ends
+    /// at the chunk end.
+    pub fn map(&self, array_sector: u64) -> Mapped {
+        let chunk = u64::from(self.chunk_sectors);
+        let n = self.raid_disks as u64;
+        let (nc, fc) = (u64::from(self.layout.near_copies), u64::from(self.layout.far_copies));
+        let offset = array_sector % chunk;
+        let vchunk = array_sector / chunk * nc;
+        let mut dev = vchunk % n;
+        let mut row = vchunk / n;
+        if self.layout.offset {
+            row *= fc;
+        }
+        let mut sector = row * chunk + offset;
+        let mut copies = Vec::with_capacity((nc * fc) as usize);
+        for _ in 0..nc {
+            copies.push(Extent { role: dev as usize, member_sector: sector });
+            let (mut far_dev, mut far_sector) = (dev, sector);
+            for _ in 1..fc {
+                far_dev = (far_dev + nc) % n;
+                far_sector += self.stride_sectors;
+                copies.push(Extent { role: far_dev as usize, member_sector: far_sector });
+            }
+            dev += 1;
+            if dev == n {
+                dev = 0;
+                sector += chunk;
+            }
+        }
+        debug_assert!(copies.iter().all(|c| c.role < self.raid_disks && c.member_sector < self.used_member_sectors));
+        Mapped { copies, len_sectors: chunk - offset }
+    }
+
+    /// Whether every chunk keeps a copy on a member not in `is_missing` (indexed by role).
+    /// Chunk `v`'s copies are the `nc·fc` devices cyclically from `v·nc mod n`, a pattern
+    /// that repeats every `n` chunks, so checking the first `min(n, array_chunks)` is exact.
+    pub fn survives(&self, is_missing: &[bool]) -> bool {
+        debug_assert_eq!(is_missing.len(), self.raid_disks);
+        let n = self.raid_disks as u64;
+        let nc = u64::from(self.layout.near_copies);
+        let copies = u64::from(self.layout.copies());
+        (0..self.array_chunks.min(n)).all(|v| {
+            let first = v * nc % n;
+            (0..copies).any(|j| !is_missing[((first + j) % n) as usize])
+        })
+    }
+}
