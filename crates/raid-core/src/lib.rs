@@ -16,8 +16,11 @@
 //! binary drives [`engine::Array`]; nothing here knows about NBD.
 
 pub mod buf;
+pub mod engine;
 pub mod error;
 pub mod geometry;
+pub mod md;
+pub mod md_store;
 pub mod member;
 pub mod parity;
 

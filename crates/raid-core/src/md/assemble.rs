@@ -1,0 +1,423 @@
+//! `assemble`: plan an array from candidate member devices, the way md and mdadm decide
+//! (`md-format.md` §1.8; kernel `super_1_load`/`super_1_validate`, mdadm `Assemble.c`).
+//!
+//! ```text
+//!  candidates (any order): { name, device_bytes, superblock: Ok(sb) | Err(decode error) }
+//!     │ 1. any decode error                        → error naming each such member
+//!     │ 2. freshest = highest events among members whose own role is active
+//!     │    any member of another array (set_uuid)   → error naming both groups
+//!     │ 3. per member: events + 1 < freshest and active (own or freshest's view) → stale
+//!     │    role: own table at equal events (must match the freshest's table),
+//!     │          the freshest's table when behind (crash right after a failure was recorded),
+//!     │          but never active unless its own superblock says so too
+//!     │    geometry differing from the freshest, role ≥ raid_disks, duplicate role or
+//!     │    dev_number, device smaller than its superblock says → error naming the member(s)
+//!     │ 4. Geometry::survives(missing ∪ rebuilding roles), else error listing what was found
+//!     ▼
+//!  Assembly { metadata, members[role] → candidate, spares, faulty, missing_roles, stale, dirty, degraded }
+//! ```
+//!
+//! A member given explicitly whose superblock does not decode is an error even when the array
+//! could run without it (mdadm refuses too): the user named it, so something is wrong. Members
+//! the freshest superblock records as faulty are reported in `faulty` and not used.
+//!
+//! Never writes anything; the caller reads the superblocks (4 KiB at byte 4096) and opens the
+//! chosen members. Errors are [`ErrorKind::BadMetadata`] for undecodable superblocks and
+//! [`ErrorKind::CannotAssemble`] otherwise.
+
+use std::collections::BTreeMap;
+
+use crate::SECTOR_BYTES;
+use crate::error::{ErrorKind, RaidError};
+use crate::geometry::{Geometry, GeometryError, Level};
+
+use super::dev_role::DevRole;
+use super::feature::FeatureMap;
+use super::metadata::ArrayMetadata;
+use super::superblock::Superblock;
+use super::uuid::MdUuid;
+
+/// One device offered for assembly.
+#[derive(Debug)]
+pub struct Candidate {
+    /// How the user named it (a path), used in every message.
+    pub name: String,
+    /// The device's size in bytes.
+    pub device_bytes: u64,
+    /// The decoded superblock, or why it did not decode.
+    pub superblock: Result<Superblock, RaidError>,
+}
+
+impl Candidate {
+    /// Decodes `superblock_bytes` (the 4 KiB at byte 4096 of the device).
+    pub fn from_bytes(name: impl Into<String>, device_bytes: u64, superblock_bytes: &[u8]) -> Candidate {
+        Candidate { name: name.into(), device_bytes, superblock: Superblock::decode(superblock_bytes) }
+    }
+}
+
+/// The plan for running one array.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assembly {
+    /// The array's metadata: array fields from the freshest superblock, one member record per
+    /// used candidate (active members in role order, then spares).
+    pub metadata: ArrayMetadata,
+    /// Indexed by role: the candidate index serving it (`None` = missing).
+    pub members: Vec<Option<usize>>,
+    /// `metadata.members[k]` describes `candidates[member_candidates[k]]`.
+    pub member_candidates: Vec<usize>,
+    /// Candidates that are spares of this array (size-checked, usable for rebuilds).
+    pub spares: Vec<usize>,
+    /// Candidates the freshest superblock records as failed; not used.
+    pub faulty: Vec<usize>,
+    /// Roles with no member.
+    pub missing_roles: Vec<usize>,
+    /// Roles whose member is only partly rebuilt (`recovery_offset`); they count as missing for
+    /// redundancy until the rebuild finishes.
+    pub recovering_roles: Vec<usize>,
+    /// Members too far behind (`events + 1 < freshest`): name and their event count. Not used.
+    pub stale: Vec<(String, u64)>,
+    /// The array was not shut down clean (`resync_offset != MaxSector`).
+    pub dirty: bool,
+    /// Some role is missing or rebuilding.
+    pub degraded: bool,
+    /// Things the operator should know (bitmap/bad blocks not used yet, stale members, ...).
+    pub notices: Vec<String>,
+}
+
+impl Assembly {
+    /// Index into `metadata.members` of the record for `candidates[candidate]`, if used.
+    pub fn member_index_of_candidate(&self, candidate: usize) -> Option<usize> {
+        self.member_candidates.iter().position(|&c| c == candidate)
+    }
+
+    /// A dirty, degraded raid4/5/6: parity of stripes being written at the crash may be wrong, so
+    /// rebuilding the missing member's data from it can return garbage (the write hole). The
+    /// kernel refuses to start such an array unless told to (`start_dirty_degraded`).
+    pub fn parity_untrusted(&self) -> bool {
+        self.dirty && self.degraded && self.metadata.level.parity_blocks() > 0
+    }
+}
+
+fn cannot(message: String) -> RaidError {
+    RaidError::new(ErrorKind::CannotAssemble, message)
+}
+
+fn join<T: ToString>(items: impl IntoIterator<Item = T>) -> String {
+    items.into_iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Plans the assembly of the array the candidates belong to. Pure: see the module docs.
+pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
+    if candidates.is_empty() {
+        return Err(cannot("cannot assemble: no member devices given".into()));
+    }
+    for (i, c) in candidates.iter().enumerate() {
+        if let Some(earlier) = candidates[..i].iter().find(|o| o.name == c.name) {
+            return Err(cannot(format!("cannot assemble: member {} is given twice", earlier.name)));
+        }
+    }
+
+    // 1. Every named member must carry a valid superblock.
+    let undecodable: Vec<String> = candidates
+        .iter()
+        .filter_map(|c| c.superblock.as_ref().err().map(|e| format!("{}: {}", c.name, e.message)))
+        .collect();
+    if !undecodable.is_empty() {
+        return Err(RaidError::new(
+            ErrorKind::BadMetadata,
+            format!("cannot assemble: no usable md superblock on {}", undecodable.join("; ")),
+        ));
+    }
+    let sbs: Vec<&Superblock> = candidates.iter().map(|c| c.superblock.as_ref().expect("checked above")).collect();
+
+    // 2. The freshest active member defines the array.
+    let freshest = (0..candidates.len())
+        .filter(|&i| matches!(sbs[i].role(), DevRole::Active(_)))
+        .max_by(|&a, &b| sbs[a].events.cmp(&sbs[b].events).then(b.cmp(&a)))
+        .ok_or_else(|| {
+            let roles = join(candidates.iter().zip(&sbs).map(|(c, sb)| format!("{} ({})", c.name, sb.role())));
+            cannot(format!("cannot assemble: no member is active in an array, only {roles}"))
+        })?;
+    let fresh = sbs[freshest];
+    let array_name = format!("{} array {:?}", fresh.level, fresh.name());
+    check_single_array(candidates, &sbs, fresh.set_uuid)?;
+
+    // 3. Classify each member.
+    let raid_disks = fresh.raid_disks as usize;
+    let mut members: Vec<Option<usize>> = vec![None; raid_disks];
+    let mut spares = Vec::new();
+    let mut faulty = Vec::new();
+    let mut stale = Vec::new();
+    let mut recovering_roles = Vec::new();
+    let mut notices = Vec::new();
+    let mut by_dev_number: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut by_device_uuid: BTreeMap<MdUuid, usize> = BTreeMap::new();
+    for (i, (c, sb)) in candidates.iter().zip(&sbs).enumerate() {
+        let own_role = sb.role();
+        let behind = fresh.events.saturating_sub(sb.events);
+        // A device behind the freshest cannot be trusted about its role (it may have been failed
+        // in a write it missed): read it from the freshest table, as the kernel does.
+        let fresh_role = || fresh.dev_roles.get(sb.dev_number as usize).copied();
+        let role = if i == freshest || sb.events > fresh.events {
+            own_role
+        } else if behind == 0 {
+            if sb.dev_roles != fresh.dev_roles {
+                return Err(cannot(format!(
+                    "cannot assemble {array_name}: {} and {} have the same event count {} but different role tables \
+                     (split brain?)",
+                    candidates[freshest].name, c.name, sb.events
+                )));
+            }
+            own_role
+        } else if behind == 1 {
+            let role = fresh_role().ok_or_else(|| {
+                cannot(format!(
+                    "cannot assemble {array_name}: {} has dev_number {} which the freshest superblock (on {}) does \
+                     not know",
+                    c.name, sb.dev_number, candidates[freshest].name
+                ))
+            })?;
+            if matches!(role, DevRole::Active(_)) && !matches!(own_role, DevRole::Active(_)) {
+                // Activated in the write it missed: its own superblock never said it holds data.
+                notices.push(format!(
+                    "{} is active only in newer superblocks than its own; treated as a spare (needs a rebuild)",
+                    c.name
+                ));
+                DevRole::Spare
+            } else {
+                role
+            }
+        } else {
+            // More than one behind: a spare or failed device keeps the freshest's view of it; one
+            // that is (or would be) active missed writes and is stale.
+            let role = fresh_role().unwrap_or(DevRole::Spare);
+            if matches!(own_role, DevRole::Active(_)) || matches!(role, DevRole::Active(_)) {
+                notices.push(format!(
+                    "{} is stale (events {}, array at {}) and is not used; add it back to rebuild it",
+                    c.name, sb.events, fresh.events
+                ));
+                stale.push((c.name.clone(), sb.events));
+                continue;
+            }
+            role
+        };
+        check_same_geometry(&array_name, &candidates[freshest].name, fresh, &c.name, sb)?;
+        for (key_name, previous) in [
+            ("dev_number", by_dev_number.insert(sb.dev_number, i)),
+            ("device UUID", by_device_uuid.insert(sb.device_uuid, i)),
+        ] {
+            if let Some(other) = previous {
+                return Err(cannot(format!(
+                    "cannot assemble {array_name}: {} and {} have the same {key_name}; one is probably a copy of \
+                     the other",
+                    candidates[other].name, c.name
+                )));
+            }
+        }
+        for notice in sb.notices() {
+            notices.push(format!("{}: {notice}", c.name));
+        }
+        match role {
+            DevRole::Active(r) if usize::from(r) >= raid_disks => {
+                return Err(cannot(format!(
+                    "cannot assemble {array_name}: {} claims role {r} but the array has {raid_disks} roles",
+                    c.name
+                )));
+            }
+            DevRole::Active(_) if sb.feature_map.contains(FeatureMap::REPLACEMENT) => spares.push(i),
+            DevRole::Active(r) => {
+                let r = usize::from(r);
+                if let Some(other) = members[r] {
+                    return Err(cannot(format!(
+                        "cannot assemble {array_name}: {} and {} both claim role {r}",
+                        candidates[other].name, c.name
+                    )));
+                }
+                members[r] = Some(i);
+                if sb.recovery_offset().is_some() {
+                    recovering_roles.push(r);
+                }
+            }
+            DevRole::Spare => spares.push(i),
+            DevRole::Faulty => {
+                notices.push(format!("{} is recorded as failed and is not used", c.name));
+                faulty.push(i);
+            }
+            DevRole::Journal => {
+                return Err(cannot(format!(
+                    "cannot assemble {array_name}: {} is a write-journal device, which raidnbd does not support",
+                    c.name
+                )));
+            }
+        }
+    }
+    for &i in members.iter().flatten().chain(&spares) {
+        check_fits(&array_name, &candidates[i], sbs[i], fresh)?;
+    }
+
+    // 4. Can it run?
+    let missing_roles: Vec<usize> = (0..raid_disks).filter(|&r| members[r].is_none()).collect();
+    let found = || {
+        let mut parts = vec![format!(
+            "found: {}",
+            join(
+                members.iter().enumerate().filter_map(|(r, m)| m.map(|i| format!("{} (role {r})", candidates[i].name)))
+            )
+        )];
+        if !spares.is_empty() {
+            parts.push(format!("spares: {}", join(spares.iter().map(|&i| &candidates[i].name))));
+        }
+        if !stale.is_empty() {
+            parts.push(format!(
+                "stale: {}",
+                join(stale.iter().map(|(name, events)| format!("{name} (events {events} < {})", fresh.events)))
+            ));
+        }
+        if !faulty.is_empty() {
+            parts.push(format!("failed: {}", join(faulty.iter().map(|&i| &candidates[i].name))));
+        }
+        parts.join("; ")
+    };
+    let mut unavailable: Vec<usize> = missing_roles.iter().chain(&recovering_roles).copied().collect();
+    unavailable.sort_unstable();
+    let level = fresh.level;
+    let geometry = if matches!(level, Level::Linear | Level::Raid0) && !missing_roles.is_empty() {
+        None // no sizes for absent members, and no redundancy anyway
+    } else {
+        let member_sectors: Vec<u64> = match level {
+            Level::Linear | Level::Raid0 => members.iter().map(|m| m.map_or(0, |i| sbs[i].data_size)).collect(),
+            _ => vec![fresh.size; raid_disks],
+        };
+        // Without RAID0_LAYOUT md treats a raid0 layout as unknown and refuses multi-zone arrays.
+        let raid0_unknown_layout = level == Level::Raid0 && !fresh.feature_map.contains(FeatureMap::RAID0_LAYOUT);
+        let layout = if raid0_unknown_layout { 0 } else { fresh.layout };
+        Some(Geometry::new(level, layout, fresh.chunksize, &member_sectors).map_err(|e| {
+            let hint = if raid0_unknown_layout && matches!(e, GeometryError::BadLayout { .. }) {
+                " (the members differ in size and the superblock records no raid0 layout; set one with \
+                 `mdadm --assemble --update=layout-original` or `layout-alternate`)"
+            } else {
+                ""
+            };
+            cannot(format!(
+                "cannot assemble {array_name}: the superblock on {} describes an invalid geometry: {e}{hint}",
+                candidates[freshest].name
+            ))
+        })?)
+    };
+    let runs = match &geometry {
+        None => false,
+        Some(g) => unavailable.is_empty() || g.survives(&unavailable),
+    };
+    if !runs {
+        let at_most = geometry.as_ref().map_or(0, Geometry::max_failures);
+        let rebuilding = if recovering_roles.is_empty() {
+            String::new()
+        } else {
+            format!(" (roles {} are only partly rebuilt and count as missing)", join(&recovering_roles))
+        };
+        return Err(cannot(format!(
+            "cannot assemble {array_name}: {} of {raid_disks} members missing (roles {}){rebuilding}; {level} survives \
+             at most {at_most}; {}",
+            unavailable.len(),
+            join(&unavailable),
+            found()
+        )));
+    }
+
+    let mut metadata = ArrayMetadata::from_superblock(fresh);
+    let member_candidates: Vec<usize> = members.iter().flatten().chain(&spares).copied().collect();
+    metadata.members = member_candidates.iter().map(|&i| ArrayMetadata::member_from_superblock(sbs[i])).collect();
+    let dirty = !fresh.is_clean();
+    let degraded = !unavailable.is_empty();
+    if dirty && degraded && level.parity_blocks() > 0 {
+        notices.push(format!(
+            "{array_name} is dirty and degraded: parity written around the crash may be wrong, so data rebuilt from \
+             it may be too (md refuses to start such an array unless forced)"
+        ));
+    }
+    Ok(Assembly {
+        metadata,
+        members,
+        member_candidates,
+        spares,
+        faulty,
+        missing_roles,
+        recovering_roles,
+        stale,
+        dirty,
+        degraded,
+        notices,
+    })
+}
+
+/// All candidates must carry `uuid`; otherwise name every group.
+fn check_single_array(candidates: &[Candidate], sbs: &[&Superblock], uuid: MdUuid) -> Result<(), RaidError> {
+    if sbs.iter().all(|sb| sb.set_uuid == uuid) {
+        return Ok(());
+    }
+    let mut groups: Vec<(MdUuid, String, Vec<&str>)> = Vec::new();
+    for (c, sb) in candidates.iter().zip(sbs) {
+        match groups.iter_mut().find(|g| g.0 == sb.set_uuid) {
+            Some(group) => group.2.push(&c.name),
+            None => groups.push((sb.set_uuid, sb.name(), vec![&c.name])),
+        }
+    }
+    // The chosen array first.
+    groups.sort_by_key(|g| g.0 != uuid);
+    let described = groups
+        .iter()
+        .map(|(uuid, name, names)| format!("{} in array {name:?} (UUID {uuid})", names.join(", ")))
+        .collect::<Vec<_>>();
+    Err(cannot(format!(
+        "cannot assemble: the devices belong to {} different arrays: {}",
+        groups.len(),
+        described.join("; ")
+    )))
+}
+
+/// The kernel refuses members whose level/layout/chunk differ from the reference ("strangely
+/// different superblock"); mdadm also compares ctime and raid_disks.
+fn check_same_geometry(
+    array_name: &str,
+    fresh_name: &str,
+    fresh: &Superblock,
+    name: &str,
+    sb: &Superblock,
+) -> Result<(), RaidError> {
+    let differs = [
+        ("level", sb.level != fresh.level),
+        ("layout", sb.layout != fresh.layout),
+        ("chunk size", sb.chunksize != fresh.chunksize),
+        ("raid_disks", sb.raid_disks != fresh.raid_disks),
+        ("creation time", sb.ctime != fresh.ctime),
+    ];
+    let what: Vec<&str> = differs.iter().filter(|(_, d)| *d).map(|(w, _)| *w).collect();
+    if what.is_empty() {
+        return Ok(());
+    }
+    Err(cannot(format!(
+        "cannot assemble {array_name}: {name} has the same UUID as {fresh_name} but a different {}",
+        what.join(", ")
+    )))
+}
+
+/// The device must hold what its superblock describes (kernel `super_1_load`, mdadm `load_super1`),
+/// and for levels with a component size each member must hold it.
+fn check_fits(array_name: &str, c: &Candidate, sb: &Superblock, fresh: &Superblock) -> Result<(), RaidError> {
+    let device_sectors = c.device_bytes / SECTOR_BYTES;
+    let needs_data = sb.data_offset.saturating_add(sb.data_size);
+    if device_sectors < needs_data {
+        return Err(cannot(format!(
+            "cannot assemble {array_name}: {} is too small: {device_sectors} sectors, its superblock needs data_offset \
+             {} + data_size {} = {needs_data}",
+            c.name, sb.data_offset, sb.data_size
+        )));
+    }
+    if fresh.level != Level::Linear && fresh.level != Level::Raid0 && sb.data_size < fresh.size {
+        return Err(cannot(format!(
+            "cannot assemble {array_name}: {} has data_size {} sectors, smaller than the array's component size {}",
+            c.name, sb.data_size, fresh.size
+        )));
+    }
+    Ok(())
+}
