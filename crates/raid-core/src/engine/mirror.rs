@@ -105,7 +105,7 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Locks the raid1/raid10 lock units covering `[sector, sector + sectors)`.
-    async fn lock_mirror_range(&self, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
+    pub(super) async fn lock_mirror_range(&self, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
         let unit = match self.geometry.level() {
             Level::Raid1 => MIRROR_LOCK_SECTORS,
             Level::Raid10 => u64::from(self.geometry.chunk_sectors()),

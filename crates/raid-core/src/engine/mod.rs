@@ -27,6 +27,7 @@ mod io;
 mod lock_table;
 mod metadata;
 mod mirror;
+mod scrub;
 mod read_data;
 mod slot;
 mod stripe;
@@ -41,6 +42,7 @@ use futures::future::join_all;
 pub use lock_table::{LockGuard, LockTable};
 pub use metadata::{MetadataStore, StateChange, SuperblockWrite};
 pub use read_data::{ReadData, Segment};
+pub use scrub::ScrubCounts;
 pub use slot::{RoleMember, SlotState};
 
 use crate::error::{ErrorKind, RaidError, Result};
@@ -267,7 +269,7 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     fn has_redundancy(&self) -> bool {
-        !matches!(self.geometry.level(), Level::Linear | Level::Raid0)
+        self.geometry.max_failures() > 0
     }
 
     /// Error unless the array still holds all its data.

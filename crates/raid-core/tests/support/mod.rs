@@ -76,6 +76,11 @@ impl TestMember {
         self.inner.snapshot()
     }
 
+    /// Flips one byte at `offset_bytes` of the member (silent corruption).
+    pub fn corrupt(&self, offset_bytes: u64) {
+        self.inner.with_data(|d| d[offset_bytes as usize] ^= 0x5a);
+    }
+
     fn failing(&self) -> bool {
         let left = self.fail_after.load(Ordering::SeqCst);
         if left < 0 {
@@ -362,6 +367,13 @@ impl Rig {
             }
         }
         roles
+    }
+
+    /// Scrubs the whole array; returns md's mismatch count (sectors).
+    pub fn scrub(&self, repair: bool) -> u64 {
+        let counts = block_on(self.array.scrub(0, self.array.scrub_units(), repair)).expect("scrub");
+        assert_eq!(counts.scrubbed_bytes, self.size(), "scrub covers the array");
+        counts.mismatch_sectors
     }
 
     pub fn arm_io_failure(&self, role: usize, after_ops: u64) {
