@@ -81,14 +81,26 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Writes `buf` at `member_sector` of `role`.
-    pub(crate) async fn write_member(&self, role: usize, member_sector: u64, buf: AlignedBuf, fua: bool) -> io::Result<()> {
+    pub(crate) async fn write_member(
+        &self,
+        role: usize,
+        member_sector: u64,
+        buf: AlignedBuf,
+        fua: bool,
+    ) -> io::Result<()> {
         debug_assert_eq!(buf.len() as u64 % SECTOR_BYTES, 0);
         let slot = &self.slots[role];
         slot.member().write_at(self.member_offset_bytes(role, member_sector), buf, fua).await.0
     }
 
     /// Zeroes `sectors` at `member_sector` of `role` (deallocating if allowed).
-    pub(crate) async fn zero_member(&self, role: usize, member_sector: u64, sectors: u64, deallocate: bool) -> io::Result<()> {
+    pub(crate) async fn zero_member(
+        &self,
+        role: usize,
+        member_sector: u64,
+        sectors: u64,
+        deallocate: bool,
+    ) -> io::Result<()> {
         let member = self.slots[role].member();
         let (offset, len) = (self.member_offset_bytes(role, member_sector), sectors * SECTOR_BYTES);
         if deallocate { member.discard(offset, len).await } else { member.write_zeroes(offset, len).await }

@@ -67,11 +67,20 @@ impl<M: Member + ?Sized> Array<M> {
             let Some(copy) = best else {
                 return Err(RaidError::new(
                     ErrorKind::Io,
-                    format!("no readable copy of array sectors {sector}..{} (failed roles {:?})", sector + run, self.failed_roles()),
+                    format!(
+                        "no readable copy of array sectors {sector}..{} (failed roles {:?})",
+                        sector + run,
+                        self.failed_roles()
+                    ),
                 ));
             };
             planned[copy.role] += run * SECTOR_BYTES;
-            pieces.push(Piece { role: copy.role, member_sector: copy.member_sector, sectors: run, req_offset_bytes: req_offset });
+            pieces.push(Piece {
+                role: copy.role,
+                member_sector: copy.member_sector,
+                sectors: run,
+                req_offset_bytes: req_offset,
+            });
             sector += run;
             req_offset += (run * SECTOR_BYTES) as usize;
         }
@@ -150,7 +159,11 @@ impl<M: Member + ?Sized> Array<M> {
             if pieces.len() == before {
                 return Err(RaidError::new(
                     ErrorKind::Io,
-                    format!("no live copy of array sectors {sector}..{} (failed roles {:?})", sector + run, self.failed_roles()),
+                    format!(
+                        "no live copy of array sectors {sector}..{} (failed roles {:?})",
+                        sector + run,
+                        self.failed_roles()
+                    ),
                 ));
             }
             sector += run;
@@ -182,14 +195,21 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Zeroes (or discards) whole copies of a range on linear/raid0/raid1/raid10.
-    pub(super) async fn zero_mirrored(&self, start_sector: u64, sectors: u64, deallocate: bool, fua: bool) -> Result<()> {
+    pub(super) async fn zero_mirrored(
+        &self,
+        start_sector: u64,
+        sectors: u64,
+        deallocate: bool,
+        fua: bool,
+    ) -> Result<()> {
         let end = start_sector + sectors;
         let mut batch_start = start_sector;
         while batch_start < end {
             let batch = (end - batch_start).min(ZERO_BATCH_SECTORS);
             let _guards = self.lock_mirror_range(batch_start, batch).await;
             let runs = coalesce(self.writable_copies(batch_start, batch)?);
-            let results = join_all(runs.iter().map(|r| self.zero_member(r.role, r.member_sector, r.sectors, deallocate))).await;
+            let results =
+                join_all(runs.iter().map(|r| self.zero_member(r.role, r.member_sector, r.sectors, deallocate))).await;
             let roles: Vec<usize> = runs.iter().map(|r| r.role).collect();
             self.finish_mirror_writes(batch_start, batch, roles.into_iter().zip(results), "zero").await?;
             batch_start += batch;

@@ -27,8 +27,8 @@ mod io;
 mod lock_table;
 mod metadata;
 mod mirror;
-mod scrub;
 mod read_data;
+mod scrub;
 mod slot;
 mod stripe;
 mod stripe_plan;
@@ -45,10 +45,10 @@ pub use read_data::{ReadData, Segment};
 pub use scrub::ScrubCounts;
 pub use slot::{RoleMember, SlotState};
 
-use crate::error::{ErrorKind, RaidError, Result};
-use crate::geometry::{Geometry, Level};
-use crate::member::Member;
 use crate::SECTOR_BYTES;
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::Geometry;
+use crate::member::Member;
 use slot::Slot;
 
 /// Largest READ/WRITE the engine accepts in one call (the NBD kernel client's maximum).
@@ -131,7 +131,13 @@ impl<M: Member + ?Sized> Array<M> {
                 format!("{} cannot run with roles {missing:?} missing", geometry.level()),
             ));
         }
-        Ok(Self { geometry, slots, locks: LockTable::new(), metadata: metadata.map(Mutex::new), dirty: AtomicBool::new(dirty) })
+        Ok(Self {
+            geometry,
+            slots,
+            locks: LockTable::new(),
+            metadata: metadata.map(Mutex::new),
+            dirty: AtomicBool::new(dirty),
+        })
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -149,7 +155,9 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Roles that are faulty or missing.
     pub fn failed_roles(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|&r| matches!(self.slots[r].state(), SlotState::Faulty | SlotState::Missing)).collect()
+        (0..self.slots.len())
+            .filter(|&r| matches!(self.slots[r].state(), SlotState::Faulty | SlotState::Missing))
+            .collect()
     }
 
     pub fn role_status(&self) -> Vec<RoleStatus> {
@@ -180,8 +188,13 @@ impl<M: Member + ?Sized> Array<M> {
         self.check_io(offset_bytes, data.len() as u64, true)?;
         self.ensure_dirty().await?;
         if self.geometry.parity().is_some() {
-            self.write_striped(offset_bytes / SECTOR_BYTES, data.len() as u64 / SECTOR_BYTES, stripe::WriteSource::Data(data), fua)
-                .await
+            self.write_striped(
+                offset_bytes / SECTOR_BYTES,
+                data.len() as u64 / SECTOR_BYTES,
+                stripe::WriteSource::Data(data),
+                fua,
+            )
+            .await
         } else {
             self.write_mirrored(offset_bytes / SECTOR_BYTES, data, fua).await
         }

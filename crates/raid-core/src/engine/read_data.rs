@@ -81,6 +81,10 @@ impl ReadAssembler {
             expect += seg.len_bytes;
         }
         assert_eq!(expect, self.len_bytes, "read pieces must cover the request");
-        ReadData { bufs: self.bufs, segments: self.pieces.into_iter().map(|p| p.1).collect(), len_bytes: self.len_bytes }
+        ReadData {
+            bufs: self.bufs,
+            segments: self.pieces.into_iter().map(|p| p.1).collect(),
+            len_bytes: self.len_bytes,
+        }
     }
 }

@@ -64,7 +64,10 @@ impl<M: Member + ?Sized> Array<M> {
             ));
         }
         if !self.has_redundancy() {
-            return Err(RaidError::new(ErrorKind::Refused, format!("{} has no redundancy to check", self.geometry.level())));
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("{} has no redundancy to check", self.geometry.level()),
+            ));
         }
         let mut total = ScrubCounts::default();
         let end = (first + count).min(self.scrub_units());
@@ -114,10 +117,11 @@ impl<M: Member + ?Sized> Array<M> {
             let dd = layout.data_roles.len();
             let parity_blocks: Vec<(usize, AlignedBuf)> =
                 blocks.into_iter().enumerate().skip(dd).map(|(b, buf)| (roles[b], buf)).collect();
-            let results = join_all(parity_blocks.into_iter().map(|(role, buf)| async move {
-                (role, self.write_member(role, member_sector, buf, false).await)
-            }))
-            .await;
+            let results =
+                join_all(parity_blocks.into_iter().map(|(role, buf)| async move {
+                    (role, self.write_member(role, member_sector, buf, false).await)
+                }))
+                .await;
             for (role, res) in results {
                 if let Err(e) = res {
                     self.member_failed(role, &e, "repair write").await;

@@ -110,7 +110,8 @@ impl<M: Member + ?Sized> Array<M> {
             let (stripe, k, row) = pg.locate(start_sector + p.req_offset_bytes as u64 / SECTOR_BYTES);
             by_stripe.entry(stripe).or_default().push((k, row, p.sectors, p.req_offset_bytes));
         }
-        let rebuilt = join_all(by_stripe.into_iter().map(|(stripe, wanted)| self.read_degraded_stripe(stripe, wanted))).await;
+        let rebuilt =
+            join_all(by_stripe.into_iter().map(|(stripe, wanted)| self.read_degraded_stripe(stripe, wanted))).await;
         for result in rebuilt {
             for (buf, pieces) in result? {
                 let b = out.add_buf(buf);
@@ -171,10 +172,9 @@ impl<M: Member + ?Sized> Array<M> {
                     ),
                 ));
             }
-            let results = join_all(
-                readable.iter().map(|&b| self.read_member(block_role(&layout, b), member_sector, sectors)),
-            )
-            .await;
+            let results =
+                join_all(readable.iter().map(|&b| self.read_member(block_role(&layout, b), member_sector, sectors)))
+                    .await;
             let mut blocks: Vec<Option<AlignedBuf>> = (0..nblocks).map(|_| None).collect();
             let mut failed = false;
             for (&b, res) in readable.iter().zip(results) {
@@ -194,17 +194,25 @@ impl<M: Member + ?Sized> Array<M> {
                 blocks[b] = Some(AlignedBuf::zeroed(len));
             }
             let kinds = block_kinds(&layout, np);
-            let mut slices: Vec<&mut [u8]> = blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
+            let mut slices: Vec<&mut [u8]> =
+                blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
             assert!(parity::reconstruct(&mut slices, &kinds, &missing), "reconstruct within redundancy");
             return Ok(blocks);
         }
         Err(RaidError::new(ErrorKind::Io, format!("stripe {stripe}: members kept failing")))
     }
 
-    pub(super) async fn write_striped(&self, start_sector: u64, sectors: u64, src: WriteSource<'_>, fua: bool) -> Result<()> {
+    pub(super) async fn write_striped(
+        &self,
+        start_sector: u64,
+        sectors: u64,
+        src: WriteSource<'_>,
+        fua: bool,
+    ) -> Result<()> {
         let pg = self.parity_geometry();
         let writes = stripe_writes(start_sector, sectors, pg.chunk_sectors(), pg.data_disks());
-        let _guards = self.locks.lock_all(writes.iter().map(|w| w.stripe)).await;
+        let stripes: Vec<u64> = writes.iter().map(|w| w.stripe).collect();
+        let _guards = self.locks.lock_all(stripes).await;
         self.write_stripes_locked(&writes, src, fua).await
     }
 
@@ -243,7 +251,8 @@ impl<M: Member + ?Sized> Array<M> {
             }
             let runs = concat_runs(member_writes);
             let results = join_all(
-                runs.into_iter().map(|(role, sector, buf)| async move { (role, self.write_member(role, sector, buf, fua).await) }),
+                runs.into_iter()
+                    .map(|(role, sector, buf)| async move { (role, self.write_member(role, sector, buf, fua).await) }),
             )
             .await;
             for (role, res) in results {
@@ -289,7 +298,11 @@ impl<M: Member + ?Sized> Array<M> {
                 if mode == Mode::Degraded && dd + np - reads.len() > np {
                     return Err(RaidError::new(
                         ErrorKind::Io,
-                        format!("write: stripe {} cannot be rebuilt (failed roles {:?})", w.stripe, self.failed_roles()),
+                        format!(
+                            "write: stripe {} cannot be rebuilt (failed roles {:?})",
+                            w.stripe,
+                            self.failed_roles()
+                        ),
                     ));
                 }
                 jobs.push(Job {
@@ -365,7 +378,8 @@ impl<M: Member + ?Sized> Array<M> {
             for &b in &missing {
                 job.blocks[b] = Some(AlignedBuf::zeroed(len));
             }
-            let mut slices: Vec<&mut [u8]> = job.blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
+            let mut slices: Vec<&mut [u8]> =
+                job.blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
             assert!(parity::reconstruct(&mut slices, &kinds, &missing), "planned within redundancy");
         }
         for k in (0..dd).filter(|&k| written(k)) {

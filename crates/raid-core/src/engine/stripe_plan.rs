@@ -134,8 +134,14 @@ mod tests {
     #[test]
     fn segments_follow_block_boundaries() {
         let w = stripe_writes(4, 30, 8, 3);
-        assert_eq!(segments(&w[0].blocks), vec![Segment { rows: (0, 4), written: 0b110 }, Segment { rows: (4, 8), written: 0b111 }]);
-        assert_eq!(segments(&w[1].blocks), vec![Segment { rows: (0, 2), written: 0b011 }, Segment { rows: (2, 8), written: 0b001 }]);
+        assert_eq!(
+            segments(&w[0].blocks),
+            vec![Segment { rows: (0, 4), written: 0b110 }, Segment { rows: (4, 8), written: 0b111 }]
+        );
+        assert_eq!(
+            segments(&w[1].blocks),
+            vec![Segment { rows: (0, 2), written: 0b011 }, Segment { rows: (2, 8), written: 0b001 }]
+        );
     }
 
     #[test]

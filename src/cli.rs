@@ -1,0 +1,164 @@
+//! Command-line interface: what a person types, with help that explains it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::size::parse_size;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "raidnbd",
+    version,
+    about = "Software RAID over files and block devices, served over NBD",
+    long_about = "raidnbd composes member volumes (files or block devices) into a RAID array \
+                  (linear, 0, 1, 4, 5, 6, 10) using Linux md's v1.2 on-disk format, and exports it \
+                  over the NBD protocol: attach it with nbd-client as /dev/nbd0, or use it from qemu \
+                  (nbd://127.0.0.1:10809/NAME). Arrays move between raidnbd and mdadm both ways.\n\n\
+                  First time? Run `raidnbd quickstart`.",
+    after_help = "Log verbosity: RUST_LOG=debug raidnbd ... (default: info)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create a new array: write md v1.2 superblocks on the members.
+    Create(CreateArgs),
+    /// Assemble an array from its members and serve it over NBD.
+    Serve(ServeArgs),
+    /// Show the superblock of each member (like `mdadm --examine`).
+    Examine(InspectArgs),
+    /// Show the array assembled from the members (like `mdadm --detail`).
+    Detail(InspectArgs),
+    /// Scrub an array offline: compare parity/mirrors on every stripe.
+    Check(CheckArgs),
+    /// First run: create four 1 GiB sparse members, a RAID5 over them, and serve it.
+    Quickstart(QuickstartArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// RAID level: linear, 0, 1, 4, 5, 6, 10 (also raid0, raid5, mirror, stripe...).
+    #[arg(short, long)]
+    pub level: String,
+    /// Layout: raid5/6 left-symmetric (default), left-asymmetric, right-symmetric,
+    /// right-asymmetric, parity-first, parity-last; raid10 n2 (default), n3, f2, o2, ...;
+    /// raid0 original (default) or alternate.
+    #[arg(long)]
+    pub layout: Option<String>,
+    /// Chunk size, a power of two from 4K (default 512K, like mdadm).
+    #[arg(short, long, value_parser = parse_size)]
+    pub chunk: Option<u64>,
+    /// Create member files of this size (sparse) if they do not exist, e.g. 1G.
+    #[arg(short, long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Array name stored in the superblock (default: "raidnbd").
+    #[arg(short, long)]
+    pub name: Option<String>,
+    /// Overwrite members that already hold a superblock or a filesystem.
+    #[arg(short, long)]
+    pub force: bool,
+    /// Member files or block devices, in role order; `missing` leaves a slot empty.
+    #[arg(required = true, value_name = "MEMBER")]
+    pub members: Vec<String>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Acknowledge writes once they are on the members (safe; default).
+    Writethrough,
+    /// Acknowledge writes from memory and write them back later: faster, but writes not
+    /// yet flushed are LOST if raidnbd dies.
+    Writeback,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoEngine {
+    /// io_uring when the kernel allows it, else a thread pool (the reason is logged).
+    Auto,
+    /// io_uring only; fail if unavailable.
+    Uring,
+    /// Thread pool with pread/pwrite.
+    Threads,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MemberIoArgs {
+    /// I/O engine for the members.
+    #[arg(long, value_enum, default_value_t = IoEngine::Auto)]
+    pub io: IoEngine,
+    /// Throttle each member to this bandwidth, bytes/s (e.g. 20M), like a cloud volume.
+    #[arg(long, value_parser = parse_size, value_name = "RATE")]
+    pub member_bw: Option<u64>,
+    /// Throttle each member to this many I/O operations per second (e.g. 200).
+    #[arg(long, value_name = "N")]
+    pub member_iops: Option<u64>,
+    /// Open members with buffered I/O instead of O_DIRECT.
+    #[arg(long)]
+    pub buffered: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub listen: SocketAddr,
+    /// Export name clients ask for (the default export "" also reaches it).
+    #[arg(short, long)]
+    pub export: Option<String>,
+    /// Refuse writes.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Write cache mode.
+    #[arg(long, value_enum, default_value_t = CacheMode::Writethrough)]
+    pub cache: CacheMode,
+    /// Size of the write-back cache (with --cache writeback).
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    pub cache_size: u64,
+    #[command(flatten)]
+    pub io: MemberIoArgs,
+    /// TOML file describing one or more exports (see deploy/raidnbd.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Start even if the array is dirty and degraded (parity may be stale: the RAID5/6 write hole).
+    #[arg(long)]
+    pub force: bool,
+    /// Member files or block devices, in any order.
+    #[arg(value_name = "MEMBER")]
+    pub members: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(required = true, value_name = "MEMBER")]
+    pub members: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Rewrite parity (or the other mirrors) where it disagrees with the data.
+    #[arg(long)]
+    pub repair: bool,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(required = true, value_name = "MEMBER")]
+    pub members: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct QuickstartArgs {
+    /// Directory for the member files (created if missing, reused if present).
+    #[arg(long, default_value = "raidnbd-quickstart")]
+    pub dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub listen: SocketAddr,
+}

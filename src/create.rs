@@ -1,0 +1,188 @@
+//! `raidnbd create`: write md v1.2 superblocks that make members an array.
+//!
+//! Members are zeroed (data area deallocated: instant on files) so that parity and
+//! mirrors are consistent from the start and the array is created clean, with no initial
+//! resync. Existing data is protected: a member that already holds a superblock or a
+//! filesystem signature is refused unless `--force`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::future::try_join_all;
+use raid_core::geometry::{Geometry, Level, ParityLayout, Raid0Layout, Raid10Layout};
+use raid_core::md::{self, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET};
+use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
+
+use crate::cli::{CreateArgs, MemberIoArgs};
+use crate::open::{MemberOpenOptions, open_member};
+use crate::signature::find_signature;
+use crate::size::{format_size, human_bytes};
+
+/// Parses `--layout` for `level` into md's layout code (`None` = md's default).
+pub fn parse_layout(level: Level, text: Option<&str>) -> Result<Option<u32>> {
+    let Some(text) = text else { return Ok(None) };
+    let code = match level {
+        Level::Raid4 | Level::Raid5 | Level::Raid6 => {
+            let layout = ParityLayout::parse(text).ok_or_else(|| {
+                anyhow!("unknown {level} layout '{text}': use left-symmetric, left-asymmetric, right-symmetric, right-asymmetric, parity-first or parity-last")
+            })?;
+            if !layout.valid_for(level) {
+                bail!("layout {} is not valid for {level}", layout.name());
+            }
+            layout as u32
+        }
+        Level::Raid10 => Raid10Layout::parse(text)
+            .ok_or_else(|| anyhow!("unknown raid10 layout '{text}': use n2, n3, f2, o2 ..."))?
+            .to_md(),
+        Level::Raid0 => match text.to_ascii_lowercase().as_str() {
+            "original" => Raid0Layout::Original as u32,
+            "alternate" => Raid0Layout::Alternate as u32,
+            _ => bail!("unknown raid0 layout '{text}': use original or alternate"),
+        },
+        Level::Linear | Level::Raid1 => bail!("{level} has no layout"),
+    };
+    Ok(Some(code))
+}
+
+/// Checks a chunk size and converts it to sectors.
+fn chunk_sectors(chunk_bytes: u64) -> Result<u32> {
+    if chunk_bytes < 4096 || !chunk_bytes.is_power_of_two() || chunk_bytes > 64 << 20 {
+        bail!("chunk size {} must be a power of two between 4K and 64M", format_size(chunk_bytes));
+    }
+    Ok((chunk_bytes / SECTOR_BYTES) as u32)
+}
+
+fn random_uuid() -> MdUuid {
+    MdUuid(rand::random())
+}
+
+pub async fn run(args: CreateArgs) -> Result<()> {
+    let level = Level::parse(&args.level)
+        .ok_or_else(|| anyhow!("unknown RAID level '{}': use linear, 0, 1, 4, 5, 6 or 10", args.level))?;
+    let layout = parse_layout(level, args.layout.as_deref())?;
+    let chunk = args.chunk.map(chunk_sectors).transpose()?;
+    if level == Level::Raid1 && chunk.is_some() {
+        bail!("raid1 has no chunk size; drop --chunk");
+    }
+    let name = args.name.clone().unwrap_or_else(|| "raidnbd".to_string());
+    let options = MemberOpenOptions { io: MemberIoArgs { buffered: true, ..default_io() }, read_only: false };
+
+    let mut slots: Vec<Option<(String, Arc<dyn Member>)>> = Vec::new();
+    for (i, arg) in args.members.iter().enumerate() {
+        if arg == "missing" {
+            slots.push(None);
+            continue;
+        }
+        if args.members[..i].contains(arg) {
+            bail!("member {arg} is given twice");
+        }
+        prepare_member_file(arg, args.size)?;
+        let member = open_member(arg, &options)?;
+        if !args.force
+            && let Some(what) = find_signature(member.as_ref()).await?
+        {
+            bail!("{arg} already holds {what}; use --force to overwrite it");
+        }
+        slots.push(Some((arg.clone(), member)));
+    }
+    let members_bytes: Vec<Option<u64>> = slots.iter().map(|s| s.as_ref().map(|(_, m)| m.len_bytes())).collect();
+    let params = CreateParams {
+        level,
+        layout,
+        chunk_sectors: chunk,
+        name: &name,
+        homehost: None,
+        uuid: None,
+        members_bytes: &members_bytes,
+    };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let meta = md::create(&params, now, &mut random_uuid).map_err(|e| anyhow!("{e}"))?;
+
+    let present: Vec<&(String, Arc<dyn Member>)> = slots.iter().flatten().collect();
+    assert_eq!(present.len(), meta.members.len(), "one metadata record per present member");
+    try_join_all(present.iter().zip(&meta.members).enumerate().map(|(index, ((path, member), record))| {
+        let meta = &meta;
+        async move {
+            wipe_member(member.as_ref(), record.data_offset, record.data_size)
+                .await
+                .with_context(|| format!("cannot zero member {path}"))?;
+            let image = AlignedBuf::from_slice(&meta.superblock_for(index).encode());
+            member
+                .write_at(SUPERBLOCK_BYTE_OFFSET, image, true)
+                .await
+                .0
+                .with_context(|| format!("cannot write the superblock of {path}"))?;
+            member.flush().await.with_context(|| format!("cannot flush {path}"))
+        }
+    }))
+    .await?;
+
+    let sizes: Vec<u64> = (0..slots.len())
+        .map(|role| match level {
+            Level::Linear | Level::Raid0 => meta.members[role].data_size,
+            _ => meta.size,
+        })
+        .collect();
+    let geometry = Geometry::new(level, meta.layout, meta.chunk_sectors, &sizes).map_err(|e| anyhow!("{e}"))?;
+    println!(
+        "created {level} array '{name}': {} members, {}, size {} ({} bytes), UUID {}",
+        slots.len(),
+        describe_layout(&geometry),
+        human_bytes(geometry.array_sectors() * SECTOR_BYTES),
+        geometry.array_sectors() * SECTOR_BYTES,
+        meta.uuid
+    );
+    let missing = slots.iter().filter(|s| s.is_none()).count();
+    if missing > 0 {
+        println!("note: {missing} slot(s) left empty: the array starts degraded");
+    }
+    Ok(())
+}
+
+fn default_io() -> MemberIoArgs {
+    MemberIoArgs { io: crate::cli::IoEngine::Auto, member_bw: None, member_iops: None, buffered: false }
+}
+
+/// Creates a sparse member file of `size` when it does not exist.
+fn prepare_member_file(path: &str, size: Option<u64>) -> Result<()> {
+    if Path::new(path).exists() {
+        return Ok(());
+    }
+    match size {
+        Some(size) => {
+            member_io::create_sparse_file(path, size).with_context(|| format!("cannot create member file {path}"))
+        }
+        None => bail!("member {path} does not exist (give --size to create member files)"),
+    }
+}
+
+/// Zeroes what could confuse later readers: the first 4 KiB (old boot sectors and
+/// filesystem signatures), the area between the superblock and the data, and the data.
+async fn wipe_member(member: &dyn Member, data_offset_sectors: u64, data_size_sectors: u64) -> Result<()> {
+    member.write_at(0, AlignedBuf::zeroed(4096), false).await.0?;
+    let start = SUPERBLOCK_BYTE_OFFSET + 4096;
+    let end = (data_offset_sectors + data_size_sectors) * SECTOR_BYTES;
+    member.discard(start, end - start).await?;
+    Ok(())
+}
+
+/// "64K chunk, left-symmetric" and the like.
+pub fn describe_layout(geometry: &Geometry) -> String {
+    let chunk = format_size(u64::from(geometry.chunk_sectors()) * SECTOR_BYTES);
+    match geometry.level() {
+        Level::Raid1 => "mirrored".to_string(),
+        Level::Linear => "concatenated".to_string(),
+        Level::Raid0 => format!("{chunk} chunk"),
+        Level::Raid10 => {
+            let name = Raid10Layout::from_md(geometry.layout()).map_or("?".to_string(), |l| l.name());
+            format!("{chunk} chunk, {name}")
+        }
+        Level::Raid4 => format!("{chunk} chunk, parity-last"),
+        Level::Raid5 | Level::Raid6 => {
+            let name = ParityLayout::from_md(geometry.layout()).map_or("?", |l| l.name());
+            format!("{chunk} chunk, {name}")
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! `ArrayDevice`: a RAID array seen as an NBD block device.
+//!
+//! This is the only place where raid-core meets nbd-server, and the only place raid-core
+//! errors become NBD errors. Read data is handed to the server as the member buffers
+//! themselves (`Bytes::from_owner`), so reads are not copied again on their way out.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use nbd_server::device::{
+    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, ReadChunk, ZeroFlags,
+};
+use raid_core::engine::Array;
+use raid_core::{ErrorKind, Member, RaidError};
+
+/// Largest payload advertised to clients (the kernel client's own maximum).
+const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
+
+pub struct ArrayDevice {
+    array: Arc<Array<dyn Member>>,
+    info: DeviceInfo,
+}
+
+impl ArrayDevice {
+    pub fn new(array: Arc<Array<dyn Member>>, read_only: bool, description: String) -> Self {
+        let geometry = array.geometry();
+        let info = DeviceInfo {
+            size_bytes: array.size_bytes(),
+            read_only,
+            can_flush: true,
+            can_trim: true,
+            can_write_zeroes: true,
+            can_fast_zero: false,
+            can_cache: false,
+            can_multi_conn: true,
+            rotational: false,
+            min_block_bytes: 512,
+            preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors()),
+            max_payload_bytes: MAX_PAYLOAD_BYTES,
+            description,
+        };
+        Self { array, info }
+    }
+}
+
+/// NBD wants a power of two: the full stripe width when it is one, else the chunk.
+fn preferred_block_bytes(optimal_io_bytes: u64, chunk_sectors: u32) -> u32 {
+    let chunk_bytes = u64::from(chunk_sectors) * 512;
+    let pick = if optimal_io_bytes.is_power_of_two() { optimal_io_bytes } else { chunk_bytes };
+    pick.clamp(4096, u64::from(MAX_PAYLOAD_BYTES)).next_power_of_two() as u32
+}
+
+/// The one mapping from RAID errors to NBD errors.
+fn to_device_error(e: RaidError) -> DeviceError {
+    let kind = match e.kind {
+        ErrorKind::OutOfRange | ErrorKind::Refused => DeviceErrorKind::Invalid,
+        _ => DeviceErrorKind::Io,
+    };
+    DeviceError::new(kind, e.to_string())
+}
+
+impl BlockDevice for ArrayDevice {
+    fn info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
+        Box::pin(async move {
+            let data = self.array.read(offset, len as usize).await.map_err(to_device_error)?;
+            let (bufs, segments) = data.into_parts();
+            let owners: Vec<Bytes> = bufs.into_iter().map(Bytes::from_owner).collect();
+            Ok(segments
+                .into_iter()
+                .map(|s| ReadChunk::Data(owners[s.buf].slice(s.start_bytes..s.start_bytes + s.len_bytes)))
+                .collect())
+        })
+    }
+
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(async move { self.array.write(offset, &data, fua).await.map_err(to_device_error) })
+    }
+
+    fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(async move { self.array.flush().await.map_err(to_device_error) })
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(async move { self.array.trim(offset, len, fua).await.map_err(to_device_error) })
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(async move {
+            if flags.fast_zero {
+                return Err(DeviceError::new(DeviceErrorKind::NotSupported, "fast zeroing is not supported"));
+            }
+            self.array.write_zeroes(offset, len, !flags.no_hole, flags.fua).await.map_err(to_device_error)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preferred_block_is_a_power_of_two() {
+        assert_eq!(preferred_block_bytes(4 * 65536, 128), 262144); // raid0 4 x 64K
+        assert_eq!(preferred_block_bytes(3 * 65536, 128), 65536); // raid5 4 disks: chunk
+        assert_eq!(preferred_block_bytes(4096, 0), 4096); // raid1
+        assert_eq!(preferred_block_bytes(1 << 30, 8192), 32 << 20);
+    }
+}

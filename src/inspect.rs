@@ -1,0 +1,274 @@
+//! `raidnbd examine` and `raidnbd detail`: what `mdadm --examine` / `--detail` tell a
+//! person, as text or JSON. Nothing is written to the members.
+
+use anyhow::{Result, anyhow, bail};
+use raid_core::SECTOR_BYTES;
+use raid_core::geometry::{Geometry, Level};
+use raid_core::md::{self, ArrayMetadata, Assembly, Candidate, Superblock};
+use serde_json::{Value, json};
+
+use crate::cli::{InspectArgs, MemberIoArgs};
+use crate::create::describe_layout;
+use crate::open::{MemberOpenOptions, open_member, read_superblock_area};
+use crate::size::human_bytes;
+use crate::timefmt::{ctime, rfc3339};
+
+fn read_only_options() -> MemberOpenOptions {
+    MemberOpenOptions {
+        io: MemberIoArgs { io: crate::cli::IoEngine::Threads, member_bw: None, member_iops: None, buffered: true },
+        read_only: true,
+    }
+}
+
+/// Reads and decodes the superblock of every path (errors kept per member).
+async fn candidates(paths: &[String]) -> Result<Vec<Candidate>> {
+    let options = read_only_options();
+    let mut out = Vec::new();
+    for path in paths {
+        let member = open_member(path, &options)?;
+        let area = read_superblock_area(member.as_ref()).await?;
+        out.push(Candidate::from_bytes(path.clone(), member.len_bytes(), &area));
+    }
+    Ok(out)
+}
+
+fn level_name(level: Level) -> String {
+    level.to_string()
+}
+
+/// md's "layout" line for the level.
+fn layout_name(level: Level, layout: u32) -> Option<String> {
+    use raid_core::geometry::{ParityLayout, Raid10Layout};
+    match level {
+        Level::Raid5 | Level::Raid6 => ParityLayout::from_md(layout).map(|l| l.name().to_string()),
+        Level::Raid4 => Some("parity-last".into()),
+        Level::Raid10 => Raid10Layout::from_md(layout).map(|l| l.name()),
+        Level::Raid0 => Some(if layout == 2 { "alternate" } else { "original" }.into()),
+        _ => None,
+    }
+}
+
+fn geometry_of(meta: &ArrayMetadata, data_sizes: &[u64]) -> Option<Geometry> {
+    let sizes: Vec<u64> = (0..meta.raid_disks as usize)
+        .map(|role| match meta.level {
+            Level::Linear | Level::Raid0 => data_sizes.get(role).copied().unwrap_or(0),
+            _ => meta.size,
+        })
+        .collect();
+    Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &sizes).ok()
+}
+
+fn array_state_chars(sb: &Superblock) -> String {
+    (0..sb.raid_disks as usize)
+        .map(|role| if sb.dev_roles.iter().any(|r| r.active() == Some(role)) { 'A' } else { '.' })
+        .collect()
+}
+
+fn examine_json(path: &str, sb: &Superblock, device_bytes: u64) -> Value {
+    json!({
+        "path": path,
+        "version": "1.2",
+        "feature_map": format!("{:#x}", sb.feature_map.0),
+        "array_uuid": sb.set_uuid.to_string(),
+        "name": sb.name(),
+        "creation_time": rfc3339(sb.ctime_secs()),
+        "raid_level": level_name(sb.level),
+        "raid_devices": sb.raid_disks,
+        "device_bytes": device_bytes,
+        "avail_dev_sectors": sb.data_size,
+        "used_dev_sectors": sb.size,
+        "data_offset_sectors": sb.data_offset,
+        "super_offset_sectors": sb.super_offset,
+        "recovery_offset_sectors": sb.recovery_offset(),
+        "state": if sb.is_clean() { "clean" } else { "active" },
+        "device_uuid": sb.device_uuid.to_string(),
+        "update_time": rfc3339(sb.utime_secs()),
+        "events": sb.events,
+        "layout": layout_name(sb.level, sb.layout),
+        "chunk_bytes": u64::from(sb.chunksize) * SECTOR_BYTES,
+        "device_role": sb.role().to_string(),
+        "array_state": array_state_chars(sb),
+    })
+}
+
+fn examine_text(path: &str, sb: &Superblock) -> String {
+    let mut t = String::new();
+    let mut line = |k: &str, v: String| t.push_str(&format!("{k:>15} : {v}\n"));
+    line("Magic", "a92b4efc".into());
+    line("Version", "1.2".into());
+    line("Feature Map", format!("{:#x}", sb.feature_map.0));
+    line("Array UUID", sb.set_uuid.to_string());
+    line("Name", sb.name());
+    line("Creation Time", ctime(sb.ctime_secs()));
+    line("Raid Level", level_name(sb.level));
+    line("Raid Devices", sb.raid_disks.to_string());
+    line("Avail Dev Size", format!("{} sectors ({})", sb.data_size, human_bytes(sb.data_size * SECTOR_BYTES)));
+    if sb.size > 0 {
+        line("Used Dev Size", format!("{} sectors ({})", sb.size, human_bytes(sb.size * SECTOR_BYTES)));
+    }
+    line("Data Offset", format!("{} sectors", sb.data_offset));
+    line("Super Offset", format!("{} sectors", sb.super_offset));
+    if let Some(r) = sb.recovery_offset() {
+        line("Recovery Offset", format!("{r} sectors"));
+    }
+    line("State", if sb.is_clean() { "clean".into() } else { "active".into() });
+    line("Device UUID", sb.device_uuid.to_string());
+    line("Update Time", ctime(sb.utime_secs()));
+    line("Events", sb.events.to_string());
+    if let Some(layout) = layout_name(sb.level, sb.layout) {
+        line("Layout", layout);
+    }
+    if sb.level.has_chunk() {
+        line("Chunk Size", format!("{}K", u64::from(sb.chunksize) / 2));
+    }
+    line("Device Role", sb.role().to_string());
+    line("Array State", format!("{} ('A' == active, '.' == missing)", array_state_chars(sb)));
+    format!("{path}:\n{t}")
+}
+
+pub async fn examine(args: InspectArgs) -> Result<()> {
+    let candidates = candidates(&args.members).await?;
+    let mut json_out = Vec::new();
+    let mut bad = Vec::new();
+    for c in &candidates {
+        match &c.superblock {
+            Ok(sb) => {
+                if args.json {
+                    json_out.push(examine_json(&c.name, sb, c.device_bytes));
+                } else {
+                    println!("{}", examine_text(&c.name, sb));
+                }
+            }
+            Err(e) => {
+                if args.json {
+                    json_out.push(json!({ "path": c.name, "error": e.to_string() }));
+                } else {
+                    println!("{}: no valid md superblock: {e}\n", c.name);
+                }
+                bad.push(c.name.clone());
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&Value::Array(json_out))?);
+    }
+    if !bad.is_empty() {
+        bail!("no valid md superblock on {}", bad.join(", "));
+    }
+    Ok(())
+}
+
+fn state_words(a: &Assembly) -> String {
+    let mut s = if a.dirty { "active".to_string() } else { "clean".to_string() };
+    if a.degraded {
+        s.push_str(", degraded");
+    }
+    if !a.recovering_roles.is_empty() {
+        s.push_str(", recovering");
+    }
+    s
+}
+
+fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometry>) -> Value {
+    let meta = &a.metadata;
+    let members: Vec<Value> = (0..meta.raid_disks as usize)
+        .map(|role| match a.members[role] {
+            Some(c) => json!({
+                "role": role,
+                "path": candidates[c].name,
+                "state": if a.recovering_roles.contains(&role) { "rebuilding" } else { "active sync" },
+            }),
+            None => json!({ "role": role, "path": null, "state": "removed" }),
+        })
+        .collect();
+    json!({
+        "name": meta.name(),
+        "uuid": meta.uuid.to_string(),
+        "raid_level": level_name(meta.level),
+        "layout": layout_name(meta.level, meta.layout),
+        "chunk_bytes": u64::from(meta.chunk_sectors) * SECTOR_BYTES,
+        "raid_devices": meta.raid_disks,
+        "array_size_bytes": geometry.map(|g| g.array_sectors() * SECTOR_BYTES),
+        "used_dev_size_bytes": meta.size * SECTOR_BYTES,
+        "state": state_words(a),
+        "degraded": a.degraded,
+        "clean": !a.dirty,
+        "events": meta.events,
+        "creation_time": rfc3339(meta.ctime_secs()),
+        "update_time": rfc3339(meta.utime_secs()),
+        "members": members,
+        "spares": a.spares.iter().map(|&c| candidates[c].name.clone()).collect::<Vec<_>>(),
+        "faulty": a.faulty.iter().map(|&c| candidates[c].name.clone()).collect::<Vec<_>>(),
+        "stale": a.stale.iter().map(|(n, e)| json!({"path": n, "events": e})).collect::<Vec<_>>(),
+        "notices": a.notices,
+    })
+}
+
+pub async fn detail(args: InspectArgs) -> Result<()> {
+    let candidates = candidates(&args.members).await?;
+    let assembly = md::assemble(&candidates).map_err(|e| anyhow!("{e}"))?;
+    let meta = &assembly.metadata;
+    let data_sizes: Vec<u64> = (0..meta.raid_disks as usize)
+        .map(|role| {
+            assembly.members[role]
+                .and_then(|c| assembly.member_index_of_candidate(c))
+                .map_or(0, |i| meta.members[i].data_size)
+        })
+        .collect();
+    let geometry = geometry_of(meta, &data_sizes);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&detail_json(&assembly, &candidates, geometry.as_ref()))?);
+        return Ok(());
+    }
+    let mut t = String::new();
+    let mut line = |k: &str, v: String| t.push_str(&format!("{k:>18} : {v}\n"));
+    line("Version", "1.2".into());
+    line("Creation Time", ctime(meta.ctime_secs()));
+    line("Raid Level", level_name(meta.level));
+    if let Some(g) = &geometry {
+        let bytes = g.array_sectors() * SECTOR_BYTES;
+        line("Array Size", format!("{} bytes ({})", bytes, human_bytes(bytes)));
+    }
+    if meta.size > 0 {
+        line("Used Dev Size", format!("{} sectors ({})", meta.size, human_bytes(meta.size * SECTOR_BYTES)));
+    }
+    line("Raid Devices", meta.raid_disks.to_string());
+    line("Total Devices", (assembly.members.iter().flatten().count() + assembly.spares.len()).to_string());
+    line("Persistence", "Superblock is persistent".into());
+    line("Update Time", ctime(meta.utime_secs()));
+    line("State", state_words(&assembly));
+    line("Active Devices", assembly.members.iter().flatten().count().to_string());
+    line("Failed Devices", assembly.faulty.len().to_string());
+    line("Spare Devices", assembly.spares.len().to_string());
+    if let Some(g) = &geometry {
+        line("Layout", describe_layout(g));
+    }
+    line("Name", meta.name());
+    line("UUID", meta.uuid.to_string());
+    line("Events", meta.events.to_string());
+    println!("{t}");
+    println!("    Number   RaidDevice State");
+    for role in 0..meta.raid_disks as usize {
+        match assembly.members[role] {
+            Some(c) => {
+                let index = assembly.member_index_of_candidate(c).expect("used member");
+                let state = if assembly.recovering_roles.contains(&role) { "spare rebuilding" } else { "active sync" };
+                println!("    {:>6}   {role:>10} {state:<17} {}", meta.members[index].dev_number, candidates[c].name);
+            }
+            None => println!("    {:>6}   {role:>10} removed", "-"),
+        }
+    }
+    for &c in &assembly.spares {
+        println!("    {:>6}   {:>10} spare             {}", "-", "-", candidates[c].name);
+    }
+    for &c in &assembly.faulty {
+        println!("    {:>6}   {:>10} faulty            {}", "-", "-", candidates[c].name);
+    }
+    for (name, events) in &assembly.stale {
+        println!("    {:>6}   {:>10} stale (events {events}) {name}", "-", "-");
+    }
+    for notice in &assembly.notices {
+        println!("note: {notice}");
+    }
+    Ok(())
+}

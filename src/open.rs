@@ -1,0 +1,140 @@
+//! Opening members and assembling the array they form.
+//!
+//! ```text
+//!  paths ─► open_member (io_uring / threads, O_DIRECT) ─► optional Throttled ─► Arc<dyn Member>
+//!        ─► read 4 KiB at byte 4096 ─► md::Candidate ─► md::assemble ─► Geometry + RoleMembers
+//!        ─► engine::Array (with MdStore: state changes go to the superblocks)
+//! ```
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use member_io::{DirectMode, OpenOptions, ThrottleConfig, Throttled};
+use raid_core::engine::{Array, RoleMember};
+use raid_core::geometry::{Geometry, Level};
+use raid_core::md::{self, Assembly, Candidate, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
+use raid_core::md_store::MdStore;
+use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
+
+use crate::cli::{IoEngine, MemberIoArgs};
+
+/// How to open members.
+#[derive(Debug, Clone)]
+pub struct MemberOpenOptions {
+    pub io: MemberIoArgs,
+    pub read_only: bool,
+}
+
+impl MemberOpenOptions {
+    fn backend_options(&self) -> OpenOptions {
+        OpenOptions {
+            engine: match self.io.io {
+                IoEngine::Auto => member_io::IoEngine::Auto,
+                IoEngine::Uring => member_io::IoEngine::Uring,
+                IoEngine::Threads => member_io::IoEngine::Threads,
+            },
+            direct: if self.io.buffered { DirectMode::Off } else { DirectMode::Auto },
+            read_only: self.read_only,
+        }
+    }
+
+    fn throttle(&self) -> ThrottleConfig {
+        ThrottleConfig { bytes_per_sec: self.io.member_bw, iops: self.io.member_iops, ..ThrottleConfig::default() }
+    }
+}
+
+/// Opens one member with the chosen engine, throttled if asked.
+pub fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
+    let member = member_io::open_member(path, &options.backend_options())
+        .with_context(|| format!("cannot open member {path}"))?;
+    let throttle = options.throttle();
+    if throttle.is_active() {
+        let throttled = Throttled::new(member, &throttle).with_context(|| format!("cannot throttle member {path}"))?;
+        return Ok(Arc::new(throttled));
+    }
+    Ok(member)
+}
+
+/// Reads the 4 KiB superblock area of a member (zeros past its end).
+pub async fn read_superblock_area(member: &dyn Member) -> Result<Vec<u8>> {
+    let len = member.len_bytes();
+    if len < SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64 {
+        return Ok(vec![0; SUPERBLOCK_BYTES]);
+    }
+    let (res, buf) = member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(SUPERBLOCK_BYTES)).await;
+    res.with_context(|| format!("{}: cannot read the superblock", member.name()))?;
+    Ok(buf.as_slice().to_vec())
+}
+
+/// An assembled, running array and how it was put together.
+pub struct OpenedArray {
+    pub array: Arc<Array<dyn Member>>,
+    pub assembly: Assembly,
+    /// Paths by candidate index (the order given).
+    pub paths: Vec<String>,
+    /// The array was dirty and degraded (parity untrusted) and is served read-only.
+    pub forced_read_only: bool,
+}
+
+/// Opens `paths`, assembles the array they form, and starts it.
+///
+/// A dirty, degraded raid4/5/6 (the write hole) is opened read-only unless `force`.
+pub async fn open_array(paths: &[String], options: &MemberOpenOptions, force: bool) -> Result<OpenedArray> {
+    if paths.is_empty() {
+        bail!("no members given");
+    }
+    let mut members = Vec::with_capacity(paths.len());
+    let mut candidates = Vec::with_capacity(paths.len());
+    for path in paths {
+        let member = open_member(path, options)?;
+        let area = read_superblock_area(member.as_ref()).await?;
+        candidates.push(Candidate::from_bytes(path.clone(), member.len_bytes(), &area));
+        members.push(member);
+    }
+    let assembly = md::assemble(&candidates).map_err(|e| anyhow!("{e}"))?;
+    for notice in &assembly.notices {
+        tracing::warn!("{notice}");
+    }
+    let mut forced_read_only = false;
+    if assembly.parity_untrusted() && !force && !options.read_only {
+        tracing::warn!(
+            "array {} was not shut down cleanly and is degraded: parity of stripes being written at the \
+             crash may be stale (the RAID write hole), so rebuilding missing data from it could return \
+             wrong bytes. Serving READ-ONLY; restart with --force to accept the risk and allow writes.",
+            assembly.metadata.name()
+        );
+        forced_read_only = true;
+    }
+    let array = start_array(&assembly, &members)?;
+    Ok(OpenedArray { array: Arc::new(array), assembly, paths: paths.to_vec(), forced_read_only })
+}
+
+/// Builds the engine from an assembly plan and the opened members (by candidate index).
+fn start_array(assembly: &Assembly, members: &[Arc<dyn Member>]) -> Result<Array<dyn Member>> {
+    let meta = &assembly.metadata;
+    let roles = assembly.members.len();
+    let member_index = |role: usize| assembly.members[role].and_then(|c| assembly.member_index_of_candidate(c));
+    let member_sectors: Vec<u64> = (0..roles)
+        .map(|role| match meta.level {
+            Level::Linear | Level::Raid0 => member_index(role).map_or(0, |i| meta.members[i].data_size),
+            _ => meta.size,
+        })
+        .collect();
+    let geometry = Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors)
+        .map_err(|e| anyhow!("array {}: {e}", meta.name()))?;
+    let role_members: Vec<Option<RoleMember<dyn Member>>> = (0..roles)
+        .map(|role| {
+            let candidate = assembly.members[role]?;
+            let index = member_index(role)?;
+            let record = &meta.members[index];
+            Some(RoleMember {
+                member: members[candidate].clone(),
+                data_offset_bytes: record.data_offset * SECTOR_BYTES,
+                recovery_offset_sectors: record.recovery_offset,
+            })
+        })
+        .collect();
+    let role_indexes = (0..roles).map(member_index).collect();
+    let store = MdStore::new(meta.clone(), role_indexes);
+    Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean()).map_err(|e| anyhow!("{e}"))
+}

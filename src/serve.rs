@@ -1,0 +1,126 @@
+//! `raidnbd serve`: assemble arrays and serve them over NBD until SIGTERM/SIGINT, then
+//! drain in-flight requests, flush, and mark the arrays clean.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use nbd_server::{BlockDevice, Export, Server, ServerConfig};
+use raid_core::Member;
+use raid_core::engine::Array;
+
+use crate::cli::{CacheMode, MemberIoArgs, ServeArgs};
+use crate::config;
+use crate::create::describe_layout;
+use crate::export::ArrayDevice;
+use crate::open::{MemberOpenOptions, OpenedArray, open_array};
+use crate::size::human_bytes;
+
+/// One export to serve, after merging the config file and the flags.
+struct ExportPlan {
+    name: String,
+    members: Vec<String>,
+    options: MemberOpenOptions,
+}
+
+fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
+    let Some(path) = &args.config else {
+        if args.members.is_empty() {
+            bail!("no members given: raidnbd serve MEMBER... (or --config FILE)");
+        }
+        let name = args.export.clone().unwrap_or_default();
+        let options = MemberOpenOptions { io: args.io.clone(), read_only: args.read_only };
+        return Ok((args.listen, vec![ExportPlan { name, members: args.members.clone(), options }]));
+    };
+    if !args.members.is_empty() {
+        bail!("give members either on the command line or in --config, not both");
+    }
+    let file = config::load(path)?;
+    let listen = if args.listen != default_listen() { args.listen } else { file.listen.unwrap_or(args.listen) };
+    let mut out = Vec::new();
+    for e in file.exports {
+        let io = MemberIoArgs {
+            io: if args.io.io != crate::cli::IoEngine::Auto {
+                args.io.io
+            } else {
+                e.io_engine()?.unwrap_or(args.io.io)
+            },
+            member_bw: args.io.member_bw.or(e.member_bw_bytes()?),
+            member_iops: args.io.member_iops.or(e.member_iops),
+            buffered: args.io.buffered || e.buffered,
+        };
+        let options = MemberOpenOptions { io, read_only: args.read_only || e.read_only };
+        out.push(ExportPlan { name: e.name, members: e.members, options });
+    }
+    Ok((listen, out))
+}
+
+fn default_listen() -> SocketAddr {
+    "127.0.0.1:10809".parse().expect("valid address")
+}
+
+/// One line saying what an array is: "3.0 GiB raid5, 64K chunk, left-symmetric, 4 members, clean".
+pub fn describe(opened: &OpenedArray) -> String {
+    let array = &opened.array;
+    let a = &opened.assembly;
+    let mut state = if a.dirty { "active (not cleanly stopped)".to_string() } else { "clean".to_string() };
+    if a.degraded {
+        state.push_str(&format!(", DEGRADED (missing roles {:?})", a.missing_roles));
+    }
+    let members: Vec<String> =
+        a.members.iter().map(|m| m.map_or("missing".to_string(), |c| opened.paths[c].clone())).collect();
+    format!(
+        "{} {}, {}, {} members [{}], {state}",
+        human_bytes(array.size_bytes()),
+        array.geometry().level(),
+        describe_layout(array.geometry()),
+        a.members.len(),
+        members.join(", ")
+    )
+}
+
+pub async fn run(args: ServeArgs) -> Result<()> {
+    if args.cache == CacheMode::Writeback {
+        bail!("--cache writeback is not available yet; use the default writethrough");
+    }
+    let (listen, plans) = plans(&args)?;
+    let mut arrays: Vec<Arc<Array<dyn Member>>> = Vec::new();
+    let mut exports = Vec::new();
+    let mut lines = Vec::new();
+    for plan in plans {
+        let opened = open_array(&plan.members, &plan.options, args.force).await?;
+        let read_only = plan.options.read_only || opened.forced_read_only;
+        let description = describe(&opened);
+        let device: Arc<dyn BlockDevice> =
+            Arc::new(ArrayDevice::new(opened.array.clone(), read_only, description.clone()));
+        lines.push(format!(
+            "serving export '{}' on {listen}: {description}{}; cache writethrough",
+            plan.name,
+            if read_only { ", READ-ONLY" } else { "" }
+        ));
+        exports.push(Export::new(plan.name, device));
+        arrays.push(opened.array);
+    }
+    let server = Server::new(exports, ServerConfig::default()).map_err(|e| anyhow!("{e}"))?;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    for line in &lines {
+        tracing::info!("{line}");
+    }
+    let served = server.serve(listener, shutdown_signal()).await;
+    tracing::info!("shutting down: flushing and marking arrays clean");
+    for array in &arrays {
+        array.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+    }
+    served.map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
