@@ -1,1 +1,7 @@
+//! End-to-end tests of the `raidnbd` binary: one test binary (link time matters on two
+//! cores), one module per area.
 
+mod util;
+
+mod cli_errors;
+mod serve_clients;

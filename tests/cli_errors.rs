@@ -1,0 +1,93 @@
+//! Every user error is one clear line and exit status 2, never a panic; nothing is
+//! written to members when a command refuses.
+
+use crate::util::*;
+
+#[test]
+fn create_refuses_bad_requests() {
+    let dir = tempdir();
+    let d = dir.path();
+    assert_user_error(&raidnbd(d, &["create", "--level", "5", "a", "b", "c"]), "a does not exist (give --size");
+    assert_user_error(&raidnbd(d, &["create", "--level", "7", "--size", "8M", "a", "b"]), "unknown RAID level '7'");
+    assert_user_error(&raidnbd(d, &["create", "--level", "6", "--size", "8M", "a", "b", "c"]), "needs at least 4 members");
+    assert_user_error(&raidnbd(d, &["create", "--level", "5", "--chunk", "3K", "--size", "8M", "a", "b"]), "power of two");
+    assert_usage_error(&raidnbd(d, &["create", "--level", "5", "--chunk", "12Q", "a", "b"]), "unknown suffix");
+    assert_user_error(&raidnbd(d, &["create", "--level", "5", "--layout", "diagonal", "--size", "8M", "a", "b"]), "unknown raid5 layout");
+    assert_user_error(&raidnbd(d, &["create", "--level", "1", "--chunk", "64K", "--size", "8M", "a", "b"]), "raid1 has no chunk");
+    assert_user_error(&raidnbd(d, &["create", "--level", "0", "--size", "8M", "a", "missing"]), "no member may be missing");
+    assert_user_error(&raidnbd(d, &["create", "--level", "5", "--size", "8M", "a", "a"]), "given twice");
+    assert_user_error(&raidnbd(d, &["create", "--level", "5", "--size", "4K", "s1", "s2"]), "too small");
+}
+
+#[test]
+fn create_protects_existing_data() {
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "16M", "m0", "m1"]));
+    let before = std::fs::read(d.join("m0")).unwrap();
+    assert_user_error(&raidnbd(d, &["create", "--level", "0", "m0", "m1"]), "already holds an md superblock");
+    assert_eq!(std::fs::read(d.join("m0")).unwrap(), before, "refused create must not write");
+    assert_ok(&raidnbd(d, &["create", "--level", "0", "--force", "m0", "m1"]));
+
+    require_tool("mkfs.ext4", "e2fsprogs");
+    std::fs::write(d.join("fs.img"), vec![0u8; 16 << 20]).unwrap();
+    run_ok(std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(d.join("fs.img")));
+    std::fs::write(d.join("other.img"), vec![0u8; 16 << 20]).unwrap();
+    assert_user_error(&raidnbd(d, &["create", "--level", "1", "fs.img", "other.img"]), "fs.img already holds an ext2/3/4 filesystem");
+}
+
+#[test]
+fn serve_and_inspect_refuse_bad_member_sets() {
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--size", "16M", "a", "b", "c"]));
+    assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--size", "16M", "x", "y", "z"]));
+    std::fs::write(d.join("plain"), vec![0u8; 1 << 20]).unwrap();
+
+    assert_user_error(&raidnbd(d, &["serve", "a", "b", "nope"]), "nope");
+    assert_user_error(&raidnbd(d, &["serve", "a", "b", "x"]), "x");
+    assert_user_error(&raidnbd(d, &["serve", "a"]), "cannot");
+    assert_user_error(&raidnbd(d, &["serve", "a", "b", "plain"]), "plain");
+    assert_user_error(&raidnbd(d, &["serve"]), "no members given");
+    assert_user_error(&raidnbd(d, &["examine", "plain"]), "no valid md superblock on plain");
+    assert_user_error(&raidnbd(d, &["detail", "a", "x"]), "x");
+
+    // Port in use.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    assert_user_error(&raidnbd(d, &["serve", "--listen", &addr, "a", "b", "c"]), "cannot listen on");
+}
+
+#[test]
+fn check_reports_and_repairs_mismatches() {
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--size", "8M", "a", "b", "c"]));
+    let out = raidnbd(d, &["check", "--json", "a", "b", "c"]);
+    let text = assert_ok(&out);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["mismatch_cnt"], 0);
+    // Flip a byte in b's data area (data offset is 1 MiB for such small members).
+    let mut bytes = std::fs::read(d.join("b")).unwrap();
+    bytes[(1 << 20) + 777] ^= 0xff;
+    std::fs::write(d.join("b"), bytes).unwrap();
+    let out = raidnbd(d, &["check", "--json", "a", "b", "c"]);
+    assert_eq!(out.status.code(), Some(1), "mismatches found => exit 1");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mismatch_cnt"], 8, "one 4 KiB page");
+    let out = raidnbd(d, &["check", "--repair", "--json", "a", "b", "c"]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = raidnbd(d, &["check", "--json", "a", "b", "c"]);
+    assert_ok(&out);
+}
+
+#[test]
+fn sizes_and_help_are_friendly() {
+    let dir = tempdir();
+    let out = raidnbd(dir.path(), &["--help"]);
+    let help = assert_ok(&out);
+    for word in ["create", "serve", "examine", "detail", "check", "quickstart"] {
+        assert!(help.contains(word), "help lists {word}");
+    }
+    assert_usage_error(&raidnbd(dir.path(), &["serve", "--member-bw", "fast", "a"]), "invalid size 'fast'");
+}

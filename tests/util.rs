@@ -1,0 +1,134 @@
+//! Helpers: run the binary, temporary member files, a served array on a free port.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_raidnbd");
+
+/// Runs raidnbd with `args` in `dir`.
+pub fn raidnbd(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN).args(args).current_dir(dir).env("RUST_LOG", "warn").output().expect("run raidnbd")
+}
+
+/// Asserts a failed run: exit status 2, one `raidnbd: error:` line containing `needle`,
+/// and no panic.
+#[track_caller]
+pub fn assert_user_error(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "expected exit 2, got {:?}; stderr:\n{stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("raidnbd: error:")).collect();
+    assert_eq!(errors.len(), 1, "exactly one error line expected:\n{stderr}");
+    assert!(errors[0].contains(needle), "error line {:?} should mention {needle:?}", errors[0]);
+}
+
+/// Asserts a command-line usage error (reported by the argument parser): exit 2, the
+/// message mentions `needle`, no panic.
+#[track_caller]
+pub fn assert_usage_error(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "expected exit 2, got {:?}; stderr:\n{stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert!(stderr.lines().next().is_some_and(|l| l.starts_with("error:") && l.contains(needle)), "{stderr}");
+}
+
+#[track_caller]
+pub fn assert_ok(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "raidnbd failed ({:?}):\n{stderr}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("raidnbd-e2e").tempdir_in(std::env::temp_dir()).expect("tempdir")
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Fails with the Debian package to install when `tool` is missing.
+#[track_caller]
+pub fn require_tool(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(found, "{tool} is required for this test: apt-get install {package} (deploy/test-all.sh does it)");
+}
+
+/// A `raidnbd serve` process, killed on drop.
+pub struct Served {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Served {
+    pub fn start(dir: &Path, export: &str, extra: &[&str], members: &[&str]) -> Served {
+        let port = free_port();
+        let log = dir.join(format!("serve-{port}.log"));
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["serve", "--listen", &listen, "--export", export];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(members);
+        let child = Command::new(BIN)
+            .args(&args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn raidnbd serve");
+        let served = Served { child, port, log };
+        served.wait_listening();
+        served
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("raidnbd serve did not listen on {}; log:\n{}", self.port, self.log_text());
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{export}", self.port)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM and wait; returns the log.
+    pub fn stop(mut self) -> String {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let status = self.child.wait().expect("wait serve");
+        let log = self.log_text();
+        assert!(status.success(), "serve exited with {status:?}; log:\n{log}");
+        log
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a command, asserting success; returns stdout.
+#[track_caller]
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
