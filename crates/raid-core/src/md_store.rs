@@ -2,30 +2,77 @@
 //!
 //! It owns the array's [`ArrayMetadata`], applies each [`StateChange`] as the kernel's
 //! `md_update_sb` would (new event count, update time), and renders one superblock per
-//! member serving a role. Spares get no runtime updates (md also skips them while their
-//! events are close enough; they are rewritten when they take a role).
+//! device that belongs to the array. Engine device ids are indexes into
+//! `metadata.members`; devices that leave the array keep their record (so ids stay
+//! stable) but get no more superblock writes.
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::buf::AlignedBuf;
 use crate::engine::{MetadataStore, StateChange, SuperblockWrite};
-use crate::md::{ArrayMetadata, SUPERBLOCK_BYTE_OFFSET};
+use crate::error::{ErrorKind, RaidError};
+use crate::md::{ArrayMetadata, DevRole, FeatureMap, MAX_DEV, MdUuid, MemberMetadata, SUPERBLOCK_BYTE_OFFSET};
 
 pub struct MdStore {
     metadata: ArrayMetadata,
-    /// Per role: index into `metadata.members` of the member serving it.
-    role_members: Vec<Option<usize>>,
+    /// Per member record: still part of the array (gets superblock writes).
+    present: Vec<bool>,
 }
 
 impl MdStore {
-    /// `role_members[role]` = index into `metadata.members` of the member serving `role`.
-    pub fn new(metadata: ArrayMetadata, role_members: Vec<Option<usize>>) -> Self {
-        assert_eq!(role_members.len(), metadata.raid_disks as usize, "one entry per role");
-        Self { metadata, role_members }
+    /// `present[i]` says whether `metadata.members[i]` is in the array now.
+    pub fn new(metadata: ArrayMetadata, present: Vec<bool>) -> Self {
+        assert_eq!(present.len(), metadata.members.len(), "one flag per member record");
+        Self { metadata, present }
     }
 
     pub fn metadata(&self) -> &ArrayMetadata {
         &self.metadata
+    }
+
+    fn dev_number(&self, device: usize) -> Result<u32, RaidError> {
+        self.metadata
+            .members
+            .get(device)
+            .map(|m| m.dev_number)
+            .ok_or_else(|| RaidError::new(ErrorKind::BadMetadata, format!("no device {device} in the array metadata")))
+    }
+
+    /// First `dev_number` no present member uses (mdadm --add picks the first free slot).
+    fn free_dev_number(&self) -> Result<u32, RaidError> {
+        (0..MAX_DEV)
+            .find(|n| {
+                !self.metadata.members.iter().zip(&self.present).any(|(m, &p)| p && m.dev_number == *n)
+                    && self.metadata.dev_roles.get(*n as usize).is_none_or(|r| r.active().is_none())
+            })
+            .ok_or_else(|| RaidError::new(ErrorKind::Refused, "no free slot in md's device table"))
+    }
+
+    fn add_member(&mut self, device: usize, device_bytes: u64) -> Result<(), RaidError> {
+        if device != self.metadata.members.len() {
+            return Err(RaidError::new(ErrorKind::BadMetadata, format!("device id {device} is not the next one")));
+        }
+        let template = self.metadata.members.first().cloned().ok_or_else(|| {
+            RaidError::new(ErrorKind::BadMetadata, "array has no member record to copy the layout from")
+        })?;
+        let dev_number = self.free_dev_number()?;
+        let data_size = (device_bytes / 512).saturating_sub(template.data_offset);
+        let member = MemberMetadata {
+            dev_number,
+            device_uuid: random_uuid(),
+            data_size,
+            recovery_offset: None,
+            features: FeatureMap(0),
+            devflags: 0,
+            cnt_corrected_read: 0,
+            new_offset: 0,
+            ..template
+        };
+        self.metadata.members.push(member);
+        self.present.push(true);
+        self.metadata.set_role(dev_number, DevRole::Spare)
     }
 }
 
@@ -33,36 +80,64 @@ fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// A random device UUID (std's randomly seeded hasher; no RNG dependency needed).
+fn random_uuid() -> MdUuid {
+    let mut bytes = [0u8; 16];
+    for half in bytes.chunks_mut(8) {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(now_secs());
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    MdUuid(bytes)
+}
+
 impl MetadataStore for MdStore {
-    fn apply(&mut self, change: &StateChange) -> Vec<SuperblockWrite> {
-        let meta = &mut self.metadata;
+    fn apply(&mut self, change: &StateChange) -> Result<Vec<SuperblockWrite>, RaidError> {
         match *change {
-            StateChange::Dirty => meta.set_dirty(),
-            StateChange::Clean => meta.set_clean(),
-            StateChange::Faulty { role } => {
-                if let Some(dev) = self.role_members[role].map(|i| meta.members[i].dev_number) {
-                    meta.mark_faulty(dev).expect("member of this array");
-                }
+            StateChange::Dirty => self.metadata.set_dirty(),
+            StateChange::Clean => self.metadata.set_clean(),
+            StateChange::ResyncProgress { sectors } => self.metadata.set_resync_offset(sectors),
+            StateChange::Faulty { device } => {
+                let dev = self.dev_number(device)?;
+                self.metadata.mark_faulty(dev)?;
             }
-            StateChange::RecoveryProgress { role, sectors } => {
-                if let Some(dev) = self.role_members[role].map(|i| meta.members[i].dev_number) {
-                    meta.set_recovery_offset(dev, Some(sectors)).expect("member of this array");
-                }
+            StateChange::AddSpare { device, device_bytes } => self.add_member(device, device_bytes)?,
+            StateChange::Assign { device, role, replacement } => {
+                let dev = self.dev_number(device)?;
+                self.metadata.set_role(dev, DevRole::Active(role as u16))?;
+                self.metadata.set_recovery_offset(dev, Some(0))?;
+                let features = &mut self.metadata.members[device].features;
+                if replacement { features.insert(FeatureMap::REPLACEMENT) } else { features.remove(FeatureMap::REPLACEMENT) }
             }
-            StateChange::InSync { role } => {
-                if let Some(dev) = self.role_members[role].map(|i| meta.members[i].dev_number) {
-                    meta.set_recovery_offset(dev, None).expect("member of this array");
-                }
+            StateChange::RecoveryProgress { device, sectors } => {
+                let dev = self.dev_number(device)?;
+                self.metadata.set_recovery_offset(dev, Some(sectors))?;
+            }
+            StateChange::InSync { device } => {
+                let dev = self.dev_number(device)?;
+                self.metadata.set_recovery_offset(dev, None)?;
+            }
+            StateChange::Replaced { old, new } => {
+                let (old_dev, new_dev) = (self.dev_number(old)?, self.dev_number(new)?);
+                self.metadata.set_recovery_offset(new_dev, None)?;
+                self.metadata.members[new].features.remove(FeatureMap::REPLACEMENT);
+                self.metadata.set_role(old_dev, DevRole::Faulty)?;
+                self.present[old] = false;
+            }
+            StateChange::Remove { device } => {
+                let dev = self.dev_number(device)?;
+                self.metadata.set_role(dev, DevRole::Faulty)?;
+                self.present[device] = false;
             }
         }
-        meta.bump_events();
-        meta.touch_utime(now_secs());
-        (0..self.role_members.len())
-            .filter_map(|role| {
-                let index = self.role_members[role]?;
-                let image = self.metadata.superblock_for(index).encode();
-                Some(SuperblockWrite { role, offset_bytes: SUPERBLOCK_BYTE_OFFSET, image: AlignedBuf::from_slice(&image) })
+        self.metadata.bump_events();
+        self.metadata.touch_utime(now_secs());
+        Ok((0..self.metadata.members.len())
+            .filter(|&i| self.present[i])
+            .map(|device| {
+                let image = self.metadata.superblock_for(device).encode();
+                SuperblockWrite { device, offset_bytes: SUPERBLOCK_BYTE_OFFSET, image: AlignedBuf::from_slice(&image) }
             })
-            .collect()
+            .collect())
     }
 }

@@ -7,6 +7,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 
 use super::Array;
+use super::slot::Device;
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::member::Member;
@@ -65,51 +66,83 @@ impl Drop for LoadGuard<'_> {
 }
 
 impl<M: Member + ?Sized> Array<M> {
-    fn member_offset_bytes(&self, role: usize, member_sector: u64) -> u64 {
-        self.slots[role].data_offset_bytes + member_sector * SECTOR_BYTES
-    }
-
     /// Reads `sectors` at `member_sector` of `role` into a new buffer.
     pub(crate) async fn read_member(&self, role: usize, member_sector: u64, sectors: u64) -> io::Result<AlignedBuf> {
         let slot = &self.slots[role];
-        let len = sectors * SECTOR_BYTES;
-        slot.inflight_read_bytes.fetch_add(len, Ordering::Relaxed);
-        let _load = LoadGuard(&slot.inflight_read_bytes, len);
-        let buf = AlignedBuf::zeroed(len as usize);
-        let (res, buf) = slot.member().read_at(self.member_offset_bytes(role, member_sector), buf).await;
-        res.map(|()| buf)
+        let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
+        read_device(&device, member_sector, sectors, &slot.inflight_read_bytes).await
     }
 
-    /// Writes `buf` at `member_sector` of `role`.
-    pub(crate) async fn write_member(
-        &self,
-        role: usize,
-        member_sector: u64,
-        buf: AlignedBuf,
-        fua: bool,
-    ) -> io::Result<()> {
+    /// Writes `buf` at `member_sector` of `role`, and to the role's replacement if one is
+    /// being built (a failure there drops the replacement, not the role).
+    pub(crate) async fn write_member(&self, role: usize, member_sector: u64, buf: AlignedBuf, fua: bool) -> io::Result<()> {
         debug_assert_eq!(buf.len() as u64 % SECTOR_BYTES, 0);
         let slot = &self.slots[role];
-        slot.member().write_at(self.member_offset_bytes(role, member_sector), buf, fua).await.0
+        let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
+        if let Some(replacement) = slot.replacement() {
+            let copy = buf.clone();
+            let (primary, second) = futures::join!(
+                write_device(&device, member_sector, buf, fua),
+                write_device(&replacement.device, member_sector, copy, fua)
+            );
+            if let Err(e) = second {
+                self.replacement_failed(role, &replacement, &e).await;
+            }
+            return primary;
+        }
+        write_device(&device, member_sector, buf, fua).await
     }
 
-    /// Zeroes `sectors` at `member_sector` of `role` (deallocating if allowed).
-    pub(crate) async fn zero_member(
-        &self,
-        role: usize,
-        member_sector: u64,
-        sectors: u64,
-        deallocate: bool,
-    ) -> io::Result<()> {
-        let member = self.slots[role].member();
-        let (offset, len) = (self.member_offset_bytes(role, member_sector), sectors * SECTOR_BYTES);
-        if deallocate { member.discard(offset, len).await } else { member.write_zeroes(offset, len).await }
+    /// Zeroes `sectors` at `member_sector` of `role` (deallocating if allowed), replacement included.
+    pub(crate) async fn zero_member(&self, role: usize, member_sector: u64, sectors: u64, deallocate: bool) -> io::Result<()> {
+        let slot = &self.slots[role];
+        let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
+        if let Some(replacement) = slot.replacement() {
+            let (primary, second) = futures::join!(
+                zero_device(&device, member_sector, sectors, deallocate),
+                zero_device(&replacement.device, member_sector, sectors, deallocate)
+            );
+            if let Err(e) = second {
+                self.replacement_failed(role, &replacement, &e).await;
+            }
+            return primary;
+        }
+        zero_device(&device, member_sector, sectors, deallocate).await
     }
 
     /// Current read load of a role, for choosing between copies.
     pub(crate) fn read_load(&self, role: usize) -> u64 {
         self.slots[role].inflight_read_bytes.load(Ordering::Relaxed)
     }
+}
+
+/// Reads from a device with load accounting.
+pub(crate) async fn read_device<M: Member + ?Sized>(
+    device: &Device<M>,
+    member_sector: u64,
+    sectors: u64,
+    load: &std::sync::atomic::AtomicU64,
+) -> io::Result<AlignedBuf> {
+    let len = sectors * SECTOR_BYTES;
+    load.fetch_add(len, Ordering::Relaxed);
+    let _load = LoadGuard(load, len);
+    let buf = AlignedBuf::zeroed(len as usize);
+    let (res, buf) = device.member.read_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, buf).await;
+    res.map(|()| buf)
+}
+
+pub(crate) async fn write_device<M: Member + ?Sized>(
+    device: &Device<M>,
+    member_sector: u64,
+    buf: AlignedBuf,
+    fua: bool,
+) -> io::Result<()> {
+    device.member.write_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, buf, fua).await.0
+}
+
+async fn zero_device<M: Member + ?Sized>(device: &Device<M>, member_sector: u64, sectors: u64, deallocate: bool) -> io::Result<()> {
+    let (offset, len) = (device.data_offset_bytes + member_sector * SECTOR_BYTES, sectors * SECTOR_BYTES);
+    if deallocate { device.member.discard(offset, len).await } else { device.member.write_zeroes(offset, len).await }
 }
 
 #[cfg(test)]

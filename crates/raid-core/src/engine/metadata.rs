@@ -1,16 +1,22 @@
 //! How the engine records state changes on disk.
 //!
 //! The engine does not know the superblock format: it hands a [`StateChange`] to a
-//! [`MetadataStore`] (md v1.2: `md::ArrayMetadata`), which updates its model and returns
-//! the superblock images to write. The engine writes them (FUA) to every live member,
-//! serialised so a newer image is never overwritten by an older one.
+//! [`MetadataStore`] (md v1.2: [`crate::md_store::MdStore`]), which updates its model and
+//! returns the superblock images to write. The engine writes them (FUA) to every live
+//! device, serialised so a newer image is never overwritten by an older one.
+//!
+//! Devices are named by a *device id* the engine and the store agree on (for md: the
+//! index of the device's member record). New devices get the next id.
 //!
 //! Ordering guarantees the engine provides:
 //! - `Dirty` is durable before the first data write after a clean state.
-//! - `Faulty(role)` is durable before any write that skipped that member is acknowledged
-//!   (else a restart could trust the stale member).
+//! - `Faulty` is durable before any write that skipped that device is acknowledged
+//!   (else a restart could trust the stale device).
+//! - `Assign` is durable before the rebuild writes to the device; `RecoveryProgress`
+//!   never runs ahead of what was rebuilt.
 
 use crate::buf::AlignedBuf;
+use crate::error::RaidError;
 
 /// A change of array state that must reach the superblocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,17 +25,27 @@ pub enum StateChange {
     Dirty,
     /// Orderly stop: everything is in sync.
     Clean,
-    /// The member in `role` failed.
-    Faulty { role: usize },
-    /// Rebuild progress of `role` (member sectors from the data offset).
-    RecoveryProgress { role: usize, sectors: u64 },
-    /// `role` finished rebuilding.
-    InSync { role: usize },
+    /// Resync after an unclean stop has reached `sectors` (md resync address space).
+    ResyncProgress { sectors: u64 },
+    /// The device failed.
+    Faulty { device: usize },
+    /// A new device joins as a spare.
+    AddSpare { device: usize, device_bytes: u64 },
+    /// A spare takes `role` (rebuild from sector 0), or becomes its replacement.
+    Assign { device: usize, role: usize, replacement: bool },
+    /// Rebuild progress of a device (member sectors from the data offset).
+    RecoveryProgress { device: usize, sectors: u64 },
+    /// A device finished rebuilding and is in sync.
+    InSync { device: usize },
+    /// A replacement finished: `new` holds the role, `old` leaves the array.
+    Replaced { old: usize, new: usize },
+    /// The device leaves the array (it was faulty or a spare).
+    Remove { device: usize },
 }
 
-/// One superblock image to write to the member serving `role`.
+/// One superblock image to write to a device.
 pub struct SuperblockWrite {
-    pub role: usize,
+    pub device: usize,
     pub offset_bytes: u64,
     pub image: AlignedBuf,
 }
@@ -37,6 +53,7 @@ pub struct SuperblockWrite {
 /// Model of the on-disk metadata that turns state changes into superblock images.
 pub trait MetadataStore: Send {
     /// Applies `change` (bumping the event counter as md does) and returns the images
-    /// to write, one per member that should receive it.
-    fn apply(&mut self, change: &StateChange) -> Vec<SuperblockWrite>;
+    /// to write, one per device that should receive it. An error means the change is
+    /// impossible (e.g. no free slot for a new device); nothing was changed.
+    fn apply(&mut self, change: &StateChange) -> Result<Vec<SuperblockWrite>, RaidError>;
 }

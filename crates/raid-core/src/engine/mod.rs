@@ -25,6 +25,7 @@
 
 mod io;
 mod lock_table;
+mod maintenance;
 mod metadata;
 mod mirror;
 mod read_data;
@@ -35,7 +36,7 @@ mod stripe_plan;
 
 use std::io as stdio;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use futures::future::join_all;
 
@@ -43,7 +44,8 @@ pub use lock_table::{LockGuard, LockTable};
 pub use metadata::{MetadataStore, StateChange, SuperblockWrite};
 pub use read_data::{ReadData, Segment};
 pub use scrub::ScrubCounts;
-pub use slot::{RoleMember, SlotState};
+pub use maintenance::{MaintenanceStatus, MaintenanceWork, Step};
+pub use slot::{Device, RoleMember, SlotState};
 
 use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -68,19 +70,29 @@ const MIRROR_LOCK_SECTORS: u64 = 128; // 64 KiB
 pub struct RoleStatus {
     pub role: usize,
     pub name: Option<String>,
+    pub device_id: Option<usize>,
     pub state: SlotState,
     /// Member sectors rebuilt so far when recovering.
     pub recovery_offset_sectors: Option<u64>,
+    /// A replacement being built for this role: (name, device id, sectors copied).
+    pub replacement: Option<(String, usize, u64)>,
 }
 
 /// A running RAID array over members of type `M` (often `dyn Member`).
 pub struct Array<M: Member + ?Sized> {
     geometry: Geometry,
     slots: Vec<Slot<M>>,
+    /// Devices that belong to the array without a role.
+    spares: Mutex<Vec<Device<M>>>,
+    next_device_id: AtomicUsize,
     locks: LockTable,
     metadata: Option<Mutex<Box<dyn MetadataStore>>>,
     /// The superblocks currently say "dirty" (resync_offset = 0).
     dirty: AtomicBool,
+    /// Background work state (rebuild, resync, scrub).
+    maintenance: maintenance::MaintenanceState,
+    /// Bytes of client I/O so far (rebuild throttling backs off when this moves).
+    client_io_bytes: AtomicU64,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -131,13 +143,26 @@ impl<M: Member + ?Sized> Array<M> {
                 format!("{} cannot run with roles {missing:?} missing", geometry.level()),
             ));
         }
+        let next_device_id = slots.iter().filter_map(|s| s.device().map(|d| d.id + 1)).max().unwrap_or(0);
         Ok(Self {
             geometry,
             slots,
+            spares: Mutex::new(Vec::new()),
+            next_device_id: AtomicUsize::new(next_device_id),
             locks: LockTable::new(),
             metadata: metadata.map(Mutex::new),
             dirty: AtomicBool::new(dirty),
+            maintenance: maintenance::MaintenanceState::new(dirty),
+            client_io_bytes: AtomicU64::new(0),
         })
+    }
+
+    /// Adds devices that are already spares of this array (found at assembly).
+    pub fn with_spares(self, spares: Vec<Device<M>>) -> Self {
+        let next = spares.iter().map(|d| d.id + 1).max().unwrap_or(0);
+        self.next_device_id.fetch_max(next, Ordering::AcqRel);
+        self.spares.lock().expect("spares lock").extend(spares);
+        self
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -166,16 +191,26 @@ impl<M: Member + ?Sized> Array<M> {
             .enumerate()
             .map(|(role, s)| RoleStatus {
                 role,
-                name: s.member.as_ref().map(|m| m.name().to_string()),
+                name: s.name(),
+                device_id: s.device().map(|d| d.id),
                 state: s.state(),
                 recovery_offset_sectors: (s.state() == SlotState::Recovering).then(|| s.recovery_offset_sectors()),
+                replacement: s.replacement().map(|r| {
+                    (r.device.member.name().to_string(), r.device.id, r.done_sectors.load(Ordering::Acquire))
+                }),
             })
             .collect()
+    }
+
+    /// Names and device ids of the spares.
+    pub fn spare_status(&self) -> Vec<(String, usize)> {
+        self.spares.lock().expect("spares lock").iter().map(|d| (d.member.name().to_string(), d.id)).collect()
     }
 
     /// Reads `len_bytes` at `offset_bytes`.
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<ReadData> {
         self.check_io(offset_bytes, len_bytes as u64, true)?;
+        self.client_io_bytes.fetch_add(len_bytes as u64, Ordering::Relaxed);
         if self.geometry.parity().is_some() {
             self.read_striped(offset_bytes / SECTOR_BYTES, len_bytes).await
         } else {
@@ -186,6 +221,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Writes `data` at `offset_bytes`; with `fua` it is durable on return.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_io(offset_bytes, data.len() as u64, true)?;
+        self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
         if self.geometry.parity().is_some() {
             self.write_striped(
@@ -221,10 +257,20 @@ impl<M: Member + ?Sized> Array<M> {
     /// Makes every completed write durable on every live member.
     pub async fn flush(&self) -> Result<()> {
         let live: Vec<usize> = (0..self.slots.len()).filter(|&r| self.slots[r].is_writable()).collect();
-        let results = join_all(live.iter().map(|&r| self.slots[r].member().flush())).await;
+        let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> =
+            (0..self.slots.len()).filter_map(|r| self.slots[r].replacement().map(|x| (r, x))).collect();
+        let (results, replacement_results) = futures::join!(
+            join_all(live.iter().map(|&r| async move { self.slots[r].member().flush().await })),
+            join_all(replacements.iter().map(|(_, x)| x.device.member.flush()))
+        );
         for (&role, res) in live.iter().zip(results) {
             if let Err(e) = res {
                 self.member_failed(role, &e, "flush").await;
+            }
+        }
+        for ((role, x), res) in replacements.iter().zip(replacement_results) {
+            if let Err(e) = res {
+                self.replacement_failed(*role, x, &e).await;
             }
         }
         self.check_survives("flush")
@@ -254,10 +300,7 @@ impl<M: Member + ?Sized> Array<M> {
                 format!("failing role {role} would leave {} without its data", self.geometry.level()),
             ));
         }
-        if self.slots[role].set_faulty() {
-            let _g = self.locks.lock(META_LOCK_KEY).await;
-            self.persist_locked(StateChange::Faulty { role }).await;
-        }
+        self.mark_faulty(role).await;
         Ok(())
     }
 
@@ -301,40 +344,119 @@ impl<M: Member + ?Sized> Array<M> {
     /// Records that a member I/O failed: marks it faulty (redundant levels) and makes
     /// that durable before returning.
     async fn member_failed(&self, role: usize, error: &stdio::Error, what: &str) {
-        let name = self.slots[role].member.as_ref().map_or("?", |m| m.name());
+        let name = self.slots[role].name().unwrap_or_else(|| "?".into());
         if !self.has_redundancy() {
             tracing::error!(member = name, role, %error, "{what} failed");
             return;
         }
-        if self.slots[role].set_faulty() {
-            tracing::error!(member = name, role, %error, "{what} failed: member marked faulty, array degraded");
-            let _g = self.locks.lock(META_LOCK_KEY).await;
-            self.persist_locked(StateChange::Faulty { role }).await;
+        tracing::error!(member = name, role, %error, "{what} failed: member marked faulty, array degraded");
+        self.mark_faulty(role).await;
+        self.maintenance.wake();
+    }
+
+    /// Marks the device of `role` faulty and records it durably. If a replacement was
+    /// being built for the role, it takes over as a recovering member.
+    async fn mark_faulty(&self, role: usize) {
+        let slot = &self.slots[role];
+        if !slot.set_faulty() {
+            return;
         }
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        if let Some(device) = slot.device() {
+            self.persist_locked(StateChange::Faulty { device: device.id }).await;
+        }
+        if let Some(replacement) = slot.replacement() {
+            slot.set_replacement(None);
+            let done = replacement.done_sectors.load(Ordering::Acquire);
+            slot.take_device();
+            slot.install(replacement.device.clone(), Some(done));
+            tracing::warn!(role, member = replacement.device.member.name(), "replacement takes over the failed role");
+            self.persist_locked(StateChange::Assign { device: replacement.device.id, role, replacement: false }).await;
+            self.persist_locked(StateChange::RecoveryProgress { device: replacement.device.id, sectors: done }).await;
+        }
+    }
+
+    /// A replacement's write failed: drop it (the role itself is unaffected).
+    async fn replacement_failed(&self, role: usize, replacement: &slot::Replacement<M>, error: &stdio::Error) {
+        let slot = &self.slots[role];
+        let still = slot.replacement().is_some_and(|r| r.device.id == replacement.device.id);
+        if !still {
+            return;
+        }
+        slot.set_replacement(None);
+        tracing::error!(role, member = replacement.device.member.name(), %error, "replacement failed and was dropped");
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        self.persist_locked(StateChange::Faulty { device: replacement.device.id }).await;
+    }
+
+    /// The live device with `id`: a role's device (unless faulty), a replacement, or a spare.
+    fn device_by_id(&self, id: usize) -> Option<Device<M>> {
+        for slot in &self.slots {
+            if let Some(d) = slot.device().filter(|d| d.id == id) {
+                return slot.is_writable().then_some(d);
+            }
+            if let Some(r) = slot.replacement().filter(|r| r.device.id == id) {
+                return Some(r.device.clone());
+            }
+        }
+        self.spares.lock().expect("spares lock").iter().find(|d| d.id == id).cloned()
+    }
+
+    /// Whether `id` is the device of some role (for mapping superblock write failures).
+    fn role_of_device(&self, id: usize) -> Option<usize> {
+        self.slots.iter().position(|s| s.device().is_some_and(|d| d.id == id))
     }
 
     /// Writes the superblocks for `change` (and for members that fail while doing so).
     /// The caller holds the metadata lock.
     async fn persist_locked(&self, change: StateChange) {
-        let Some(store) = &self.metadata else { return };
+        if let Err(e) = self.try_persist_locked(change).await {
+            tracing::error!(error = %e, "cannot record an array state change");
+        }
+    }
+
+    /// Like `persist_locked`, but reports a change the store refuses.
+    async fn try_persist_locked(&self, change: StateChange) -> Result<()> {
+        let Some(store) = &self.metadata else { return Ok(()) };
         let mut pending = vec![change];
+        let mut first = true;
         while let Some(change) = pending.pop() {
-            let writes = store.lock().expect("metadata lock").apply(&change);
-            let live: Vec<SuperblockWrite> = writes.into_iter().filter(|w| self.slots[w.role].is_writable()).collect();
-            let results = join_all(live.into_iter().map(|w| {
-                let member = self.slots[w.role].member().clone();
-                async move { (w.role, member.write_at(w.offset_bytes, w.image, true).await.0) }
+            let applied = store.lock().expect("metadata lock").apply(&change);
+            let writes = match applied {
+                Ok(w) => w,
+                Err(e) if first => return Err(e),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot record a member failure");
+                    continue;
+                }
+            };
+            first = false;
+            let targets: Vec<(Device<M>, SuperblockWrite)> =
+                writes.into_iter().filter_map(|w| self.device_by_id(w.device).map(|d| (d, w))).collect();
+            let results = join_all(targets.into_iter().map(|(d, w)| async move {
+                (d.id, d.member.write_at(w.offset_bytes, w.image, true).await.0)
             }))
             .await;
-            for (role, res) in results {
+            for (device, res) in results {
                 if let Err(e) = res {
-                    tracing::error!(role, error = %e, "superblock write failed: member marked faulty");
-                    if self.slots[role].set_faulty() {
-                        pending.push(StateChange::Faulty { role });
+                    tracing::error!(device, error = %e, "superblock write failed: device marked faulty");
+                    match self.role_of_device(device) {
+                        Some(role) if self.slots[role].set_faulty() => pending.push(StateChange::Faulty { device }),
+                        Some(_) => {}
+                        None => {
+                            self.spares.lock().expect("spares lock").retain(|d| d.id != device);
+                            for slot in &self.slots {
+                                if slot.replacement().is_some_and(|r| r.device.id == device) {
+                                    slot.set_replacement(None);
+                                }
+                            }
+                            pending.push(StateChange::Faulty { device });
+                        }
                     }
                 }
             }
         }
+        Ok(())
     }
 
     async fn zero_range(&self, start: u64, sectors: u64, deallocate: bool, fua: bool, trim_only: bool) -> Result<()> {

@@ -24,7 +24,7 @@ const PARITY_PAGE_SECTORS: u64 = 8;
 /// Mirror resync block.
 const MIRROR_BLOCK_SECTORS: u64 = 128;
 /// Array sectors per mirror scrub unit.
-const MIRROR_UNIT_SECTORS: u64 = 2048;
+pub(crate) const MIRROR_UNIT_SECTORS: u64 = 2048;
 
 /// Result of scrubbing some units.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

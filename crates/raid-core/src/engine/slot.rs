@@ -1,18 +1,24 @@
-//! One role of the array: the member serving it (if any) and its state.
+//! One role of the array: the device serving it (if any), its state, and an optional
+//! replacement being built alongside it.
 //!
 //! States follow md's per-device flags:
 //! - `InSync`: readable and writable everywhere.
 //! - `Recovering`: being rebuilt; writable everywhere, readable only below
 //!   `recovery_offset_sectors` (member sectors from the data offset), as md's
 //!   `recovery_offset`.
-//! - `Faulty`: failed at run time; never touched again until replaced.
-//! - `Missing`: absent at assembly.
+//! - `Faulty`: failed at run time; never read or written again.
+//! - `Missing`: no device.
 //!
-//! States change without locks (atomics): a request samples them when it plans its I/O,
-//! and any I/O error marks the member faulty before the request is retried.
+//! A *replacement* (md `--replace`) is a second device for an in-sync role: every write
+//! to the role also goes to it, a background copy fills it, and when the copy is done it
+//! takes over the role. Reads never go to a replacement.
+//!
+//! States change without locks (atomics, and a short RwLock for the device handle): a
+//! request samples them when it plans its I/O, and any I/O error marks the member faulty
+//! before the request is retried.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use crate::member::Member;
 
@@ -51,41 +57,53 @@ pub struct RoleMember<M: ?Sized> {
     pub data_offset_bytes: u64,
     /// `Some(sectors)` if the member is only rebuilt up to there (md `recovery_offset`).
     pub recovery_offset_sectors: Option<u64>,
+    /// Identifies the device to the metadata store (md: index of its member record).
+    pub device_id: usize,
+}
+
+/// A device of the array: a member plus where its data starts.
+pub struct Device<M: ?Sized> {
+    pub id: usize,
+    pub member: Arc<M>,
+    pub data_offset_bytes: u64,
+}
+
+impl<M: ?Sized> Clone for Device<M> {
+    fn clone(&self) -> Self {
+        Device { id: self.id, member: self.member.clone(), data_offset_bytes: self.data_offset_bytes }
+    }
+}
+
+/// A device being filled to take over a role.
+pub(crate) struct Replacement<M: ?Sized> {
+    pub device: Device<M>,
+    /// Member sectors copied so far.
+    pub done_sectors: AtomicU64,
 }
 
 pub(crate) struct Slot<M: ?Sized> {
-    pub member: Option<Arc<M>>,
-    pub data_offset_bytes: u64,
+    device: RwLock<Option<Device<M>>>,
     state: AtomicU8,
     recovery_offset_sectors: AtomicU64,
+    replacement: RwLock<Option<Arc<Replacement<M>>>>,
     /// Bytes of reads in flight, for read balancing between copies.
     pub inflight_read_bytes: AtomicU64,
 }
 
 impl<M: Member + ?Sized> Slot<M> {
     pub fn new(member: Option<RoleMember<M>>) -> Self {
-        match member {
-            None => Slot {
-                member: None,
-                data_offset_bytes: 0,
-                state: AtomicU8::new(SlotState::Missing as u8),
-                recovery_offset_sectors: AtomicU64::new(0),
-                inflight_read_bytes: AtomicU64::new(0),
-            },
-            Some(rm) => {
-                let (state, offset) = match rm.recovery_offset_sectors {
-                    Some(s) => (SlotState::Recovering, s),
-                    None => (SlotState::InSync, u64::MAX),
-                };
-                Slot {
-                    member: Some(rm.member),
-                    data_offset_bytes: rm.data_offset_bytes,
-                    state: AtomicU8::new(state as u8),
-                    recovery_offset_sectors: AtomicU64::new(offset),
-                    inflight_read_bytes: AtomicU64::new(0),
-                }
-            }
+        let slot = Slot {
+            device: RwLock::new(None),
+            state: AtomicU8::new(SlotState::Missing as u8),
+            recovery_offset_sectors: AtomicU64::new(0),
+            replacement: RwLock::new(None),
+            inflight_read_bytes: AtomicU64::new(0),
+        };
+        if let Some(rm) = member {
+            let device = Device { id: rm.device_id, member: rm.member, data_offset_bytes: rm.data_offset_bytes };
+            slot.install(device, rm.recovery_offset_sectors);
         }
+        slot
     }
 
     pub fn state(&self) -> SlotState {
@@ -96,9 +114,35 @@ impl<M: Member + ?Sized> Slot<M> {
         self.recovery_offset_sectors.load(Ordering::Acquire)
     }
 
+    /// The device serving the role (also when faulty, until it is removed).
+    pub fn device(&self) -> Option<Device<M>> {
+        self.device.read().expect("slot lock").clone()
+    }
+
+    /// Puts `device` in the role: in sync, or recovering from `recovery_offset`.
+    pub fn install(&self, device: Device<M>, recovery_offset: Option<u64>) {
+        *self.device.write().expect("slot lock") = Some(device);
+        match recovery_offset {
+            Some(offset) => {
+                self.recovery_offset_sectors.store(offset, Ordering::Release);
+                self.state.store(SlotState::Recovering as u8, Ordering::Release);
+            }
+            None => self.set_in_sync(),
+        }
+    }
+
+    /// Takes the device out of the role, which becomes missing.
+    pub fn take_device(&self) -> Option<Device<M>> {
+        self.state.store(SlotState::Missing as u8, Ordering::Release);
+        self.device.write().expect("slot lock").take()
+    }
+
     /// Marks the slot faulty; returns false if it already was faulty or missing.
     pub fn set_faulty(&self) -> bool {
         let prev = self.state.swap(SlotState::Faulty as u8, Ordering::AcqRel);
+        if matches!(SlotState::from_u8(prev), SlotState::Missing) {
+            self.state.store(SlotState::Missing as u8, Ordering::Release);
+        }
         matches!(SlotState::from_u8(prev), SlotState::InSync | SlotState::Recovering)
     }
 
@@ -124,7 +168,23 @@ impl<M: Member + ?Sized> Slot<M> {
         }
     }
 
-    pub fn member(&self) -> &Arc<M> {
-        self.member.as_ref().expect("live slot has a member")
+    /// The member serving the role.
+    ///
+    /// # Panics
+    /// If the role has no device (callers check `is_readable`/`is_writable` first).
+    pub fn member(&self) -> Arc<M> {
+        self.device().expect("live slot has a device").member
+    }
+
+    pub fn name(&self) -> Option<String> {
+        self.device().map(|d| d.member.name().to_string())
+    }
+
+    pub fn replacement(&self) -> Option<Arc<Replacement<M>>> {
+        self.replacement.read().expect("slot lock").clone()
+    }
+
+    pub fn set_replacement(&self, replacement: Option<Arc<Replacement<M>>>) {
+        *self.replacement.write().expect("slot lock") = replacement;
     }
 }

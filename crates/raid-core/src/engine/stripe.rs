@@ -287,7 +287,11 @@ impl<M: Member + ?Sized> Array<M> {
                 let written = |k: usize| seg.written & (1 << k) != 0;
                 let unreadable_data = (0..dd).filter(|&k| !readable(k)).fold(0u64, |m, k| m | 1 << k);
                 let readable_parity: Vec<usize> = (dd..dd + np).filter(|&b| readable(b)).collect();
-                let mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len());
+                let mut mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len());
+                if mode == Mode::ReadModifyWrite && !readable_parity.is_empty() && !self.stripe_synced(w.stripe) {
+                    // Parity not resynced since an unclean stop: rebuild it from the data (as md).
+                    mode = Mode::ReconstructWrite;
+                }
                 let reads: Vec<usize> = match mode {
                     Mode::Full => Vec::new(),
                     Mode::ReadModifyWrite if readable_parity.is_empty() => Vec::new(),

@@ -229,6 +229,16 @@ impl Geometry {
         }
     }
 
+    /// For mirrored levels (raid1, raid10): the array sector stored at `member_sector` of
+    /// `role`, `None` where no copy lives. Other levels: `None`.
+    pub fn array_sector_of(&self, role: usize, member_sector: u64) -> Option<u64> {
+        match &self.kind {
+            Kind::Raid1 { size_sectors, .. } => (member_sector < *size_sectors).then_some(member_sector),
+            Kind::Raid10(g) => g.array_sector_of(role, member_sector),
+            _ => None,
+        }
+    }
+
     /// How many members can be missing at most without losing data, in the best case
     /// (raid10: `nc*fc - 1`; the exact answer for a given set is [`Geometry::survives`]).
     pub fn max_failures(&self) -> usize {

@@ -117,6 +117,39 @@ impl Raid10Geometry {
         if self.raid_disks.is_multiple_of(nc) { self.raid_disks / nc } else { self.raid_disks }
     }
 
+    /// The array sector whose copy lives at `member_sector` of `role` (md's
+    /// `raid10_find_virt`), or `None` for sectors no copy uses. Rebuilds walk member space
+    /// with it.
+    pub fn array_sector_of(&self, role: usize, member_sector: u64) -> Option<u64> {
+        let chunk = u64::from(self.chunk_sectors);
+        let n = self.raid_disks as u64;
+        let (nc, fc) = (u64::from(self.layout.near_copies), u64::from(self.layout.far_copies));
+        if role as u64 >= n || member_sector >= self.used_member_sectors {
+            return None;
+        }
+        let offset = member_sector % chunk;
+        let mut dev = role as u64;
+        let chunk_index = if self.layout.offset {
+            let chunk_index = member_sector / chunk;
+            let far = chunk_index % fc;
+            dev = (dev + n * fc - far * nc % n) % n;
+            chunk_index / fc
+        } else {
+            let mut sector = member_sector;
+            while sector >= self.stride_sectors && fc > 1 {
+                sector -= self.stride_sectors;
+                dev = if dev < nc { dev + n - nc } else { dev - nc };
+            }
+            sector / chunk
+        };
+        let array_sector = (chunk_index * n + dev) / nc * chunk + offset;
+        if array_sector >= self.array_sectors() {
+            return None;
+        }
+        let found = self.map(array_sector).copies.iter().any(|c| c.role == role && c.member_sector == member_sector);
+        found.then_some(array_sector)
+    }
+
     /// Every copy of `array_sector` (`< array_sectors()`) in md's slot order; the run ends
     /// at the chunk end.
     pub fn map(&self, array_sector: u64) -> Mapped {
@@ -162,5 +195,34 @@ impl Raid10Geometry {
             let first = v * nc % n;
             (0..copies).any(|j| !is_missing[((first + j) % n) as usize])
         })
+    }
+}
+
+#[cfg(test)]
+mod inverse_tests {
+    use super::*;
+
+    /// Every copy of every array sector maps back to that array sector, and every used
+    /// member chunk holds exactly one array chunk.
+    #[test]
+    fn array_sector_of_inverts_map() {
+        for (layout, disks) in [("n2", 4), ("n2", 3), ("n3", 5), ("f2", 4), ("f2", 3), ("f3", 5), ("o2", 4), ("o3", 3), ("o2", 5)] {
+            let code = Raid10Layout::parse(layout).unwrap().to_md();
+            let g = Raid10Geometry::new(code, 8, disks, 8 * 23).unwrap();
+            let mut hits = 0;
+            for chunk in 0..g.array_sectors() / 8 {
+                for c in g.map(chunk * 8).copies {
+                    assert_eq!(g.array_sector_of(c.role, c.member_sector), Some(chunk * 8), "{layout} x{disks}");
+                    hits += 1;
+                }
+            }
+            let mut used = 0;
+            for role in 0..disks {
+                for m in (0..g.used_member_sectors()).step_by(8) {
+                    used += usize::from(g.array_sector_of(role, m).is_some());
+                }
+            }
+            assert_eq!(used, hits, "{layout} x{disks}: member chunks in use = copies");
+        }
     }
 }

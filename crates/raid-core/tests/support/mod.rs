@@ -69,7 +69,11 @@ pub struct TestMember {
 
 impl TestMember {
     pub fn new(name: String, len_bytes: u64) -> Self {
-        Self { inner: MemoryMember::new(name, len_bytes), fail_after: AtomicI64::new(-1), yield_once: AtomicBool::new(false) }
+        Self {
+            inner: MemoryMember::new(name, len_bytes),
+            fail_after: AtomicI64::new(-1),
+            yield_once: AtomicBool::new(false),
+        }
     }
 
     pub fn snapshot(&self) -> Vec<u8> {
@@ -207,10 +211,45 @@ impl Rig {
         Self::with_members(config.clone(), geometry, member_sectors, members)
     }
 
-    fn with_members(config: Config, geometry: Geometry, member_sectors: Vec<u64>, members: Vec<Arc<TestMember>>) -> Rig {
+    /// A new array over the same members (a restart), `dirty` as after an unclean stop.
+    pub fn reopen(rig: &Rig, dirty: bool) -> Rig {
+        let mut new = Self::with_members(rig.config.clone(), rig.geometry.clone(), rig.member_sectors.clone(), rig.members.clone());
+        if dirty {
+            let roles = new
+                .members
+                .iter()
+                .enumerate()
+                .map(|(role, m)| {
+                    Some(RoleMember {
+                        member: m.clone(),
+                        data_offset_bytes: DATA_OFFSET_BYTES,
+                        recovery_offset_sectors: None,
+                        device_id: role,
+                    })
+                })
+                .collect();
+            new.array = Array::new(rig.geometry.clone(), roles, None, true).expect("array starts");
+        }
+        new
+    }
+
+    fn with_members(
+        config: Config,
+        geometry: Geometry,
+        member_sectors: Vec<u64>,
+        members: Vec<Arc<TestMember>>,
+    ) -> Rig {
         let roles = members
             .iter()
-            .map(|m| Some(RoleMember { member: m.clone(), data_offset_bytes: DATA_OFFSET_BYTES, recovery_offset_sectors: None }))
+            .enumerate()
+            .map(|(role, m)| {
+                Some(RoleMember {
+                    member: m.clone(),
+                    data_offset_bytes: DATA_OFFSET_BYTES,
+                    recovery_offset_sectors: None,
+                    device_id: role,
+                })
+            })
             .collect();
         let array = Array::new(geometry.clone(), roles, None, false).expect("array starts");
         let size = array.size_bytes() as usize;
@@ -298,7 +337,8 @@ impl Rig {
                 self.set_known(offset, len, true);
             }
             Op::Read { offset, len } => {
-                let got = block_on(self.array.read(offset, len as usize)).unwrap_or_else(|e| panic!("{op:?}: {e}")).to_vec();
+                let got =
+                    block_on(self.array.read(offset, len as usize)).unwrap_or_else(|e| panic!("{op:?}: {e}")).to_vec();
                 self.compare(offset, &got, &format!("{op:?}"));
             }
             Op::Flush => block_on(self.array.flush()).expect("flush"),
@@ -307,7 +347,8 @@ impl Rig {
                 self.set_known(offset, len, false);
             }
             Op::Zero { offset, len, deallocate } => {
-                block_on(self.array.write_zeroes(offset, len, deallocate, false)).unwrap_or_else(|e| panic!("{op:?}: {e}"));
+                block_on(self.array.write_zeroes(offset, len, deallocate, false))
+                    .unwrap_or_else(|e| panic!("{op:?}: {e}"));
                 self.model[offset as usize..(offset + len) as usize].fill(0);
                 self.set_known(offset, len, true);
             }
@@ -411,7 +452,8 @@ impl Rig {
                 Arc::new(m)
             })
             .collect();
-        let rebuilt = Rig::with_members(self.config.clone(), self.geometry.clone(), self.member_sectors.clone(), members);
+        let rebuilt =
+            Rig::with_members(self.config.clone(), self.geometry.clone(), self.member_sectors.clone(), members);
         self.compare(0, &rebuilt.model, "read after rebuild");
     }
 
@@ -469,7 +511,10 @@ pub fn assert_members_consistent(geometry: &Geometry, data: &[Vec<u8>]) {
             let layout = pg.stripe(stripe);
             let at = (pg.stripe_member_sector(stripe) * SECTOR) as usize;
             let blocks: Vec<&[u8]> = stripe_roles(&layout).iter().map(|&r| &data[r][at..at + c as usize]).collect();
-            assert!(parity::parity_matches(&blocks, &kinds(&layout, pg.parity_disks())), "stripe {stripe} parity mismatch");
+            assert!(
+                parity::parity_matches(&blocks, &kinds(&layout, pg.parity_disks())),
+                "stripe {stripe} parity mismatch"
+            );
         }
         return;
     }

@@ -1,0 +1,596 @@
+//! Background maintenance, one step at a time: rebuilding a role onto a spare (md
+//! "recovery"), filling a replacement, resyncing after an unclean stop, and scrubbing
+//! (check/repair). The caller (a task in the binary) calls [`Array::maintenance_step`] in
+//! a loop, paces it between speed limits, and waits for [`MaintenanceState`]'s waker when
+//! there is nothing to do.
+//!
+//! Priorities, as md's `md_check_recovery`: put spares into failed roles, rebuild,
+//! replace, resync, then scrub.
+//!
+//! Progress is checkpointed in the superblocks (`recovery_offset`, `resync_offset`), never
+//! ahead of what is done, so a restart resumes where the last checkpoint says.
+//!
+//! Every unit of work holds the lock of the stripe (or mirror range) it copies, so client
+//! writes and maintenance never interleave on the same blocks.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use super::io::{read_device, write_device};
+use super::scrub::ScrubCounts;
+use super::slot::{Device, Replacement, SlotState};
+use super::{Array, META_LOCK_KEY, StateChange};
+use crate::SECTOR_BYTES;
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::member::Member;
+
+/// Rebuild progress is written to the superblocks at least this often (member sectors).
+const CHECKPOINT_SECTORS: u64 = 128 << 11; // 128 MiB
+
+/// What background work is (or was last) running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaintenanceWork {
+    /// Rebuilding a role onto a spare.
+    Recovery { role: usize },
+    /// Filling a replacement for a role.
+    Replace { role: usize },
+    /// Making parity/mirrors consistent after an unclean stop.
+    Resync,
+    /// Scrub without changes (mismatch count only).
+    Check,
+    /// Scrub that rewrites mismatches.
+    Repair,
+}
+
+impl MaintenanceWork {
+    pub fn name(self) -> &'static str {
+        match self {
+            MaintenanceWork::Recovery { .. } => "recovery",
+            MaintenanceWork::Replace { .. } => "replace",
+            MaintenanceWork::Resync => "resync",
+            MaintenanceWork::Check => "check",
+            MaintenanceWork::Repair => "repair",
+        }
+    }
+}
+
+/// What one call of [`Array::maintenance_step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do.
+    Idle,
+    /// Some work, `bytes` of member data read or written.
+    Worked { work: MaintenanceWork, bytes: u64 },
+    /// A job finished.
+    Finished(MaintenanceWork),
+}
+
+/// A snapshot for status displays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaintenanceStatus {
+    pub current: Option<MaintenanceWork>,
+    /// Progress of `current`, in its own units (member sectors for recovery/replace,
+    /// resync sectors, scrub units).
+    pub done: u64,
+    pub total: u64,
+    /// The resync after an unclean stop has not finished.
+    pub resync_pending: bool,
+    /// Result of the last finished check/repair.
+    pub last_scrub: Option<(MaintenanceWork, ScrubCounts)>,
+    /// Mismatches counted so far by the running check/repair (md's mismatch_cnt).
+    pub mismatch_sectors: u64,
+}
+
+struct ScrubJob {
+    repair: bool,
+    next_unit: u64,
+    counts: ScrubCounts,
+}
+
+struct Inner {
+    /// Units resynced so far; `None` = no resync needed.
+    resync_next_unit: Option<u64>,
+    scrub: Option<ScrubJob>,
+    last_scrub: Option<(MaintenanceWork, ScrubCounts)>,
+    current: Option<MaintenanceWork>,
+    /// Recovery sectors done since the last checkpoint.
+    since_checkpoint: u64,
+    waker: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+pub(crate) struct MaintenanceState {
+    inner: Mutex<Inner>,
+}
+
+impl MaintenanceState {
+    pub fn new(dirty: bool) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                resync_next_unit: dirty.then_some(0),
+                scrub: None,
+                last_scrub: None,
+                current: None,
+                since_checkpoint: 0,
+                waker: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("maintenance lock")
+    }
+
+    /// Signals the driving task that there may be work.
+    pub fn wake(&self) {
+        let waker = self.lock().waker.clone();
+        if let Some(w) = waker {
+            w();
+        }
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// Registers a callback called whenever background work may have appeared.
+    pub fn set_maintenance_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+        self.maintenance.lock().waker = Some(waker);
+    }
+
+    /// Resync after an unclean stop starts at `sectors` (md's resync checkpoint) instead of 0.
+    pub fn resume_resync_from(&self, sectors: u64) {
+        let unit = sectors / self.resync_unit_sectors();
+        let mut m = self.maintenance.lock();
+        if m.resync_next_unit.is_some() {
+            m.resync_next_unit = Some(unit.min(self.scrub_units()));
+        }
+    }
+
+    /// Resync sectors (md resync address space) per scrub unit.
+    fn resync_unit_sectors(&self) -> u64 {
+        match self.geometry.parity() {
+            Some(pg) => u64::from(pg.chunk_sectors()),
+            None => super::scrub::MIRROR_UNIT_SECTORS,
+        }
+    }
+
+    /// Whether parity of `stripe` can be trusted for read-modify-write (it can, unless an
+    /// unclean stop left it unsynced).
+    pub(crate) fn stripe_synced(&self, stripe: u64) -> bool {
+        self.maintenance.lock().resync_next_unit.is_none_or(|next| stripe < next)
+    }
+
+    pub fn maintenance_status(&self) -> MaintenanceStatus {
+        let m = self.maintenance.lock();
+        let (done, total) = match m.current {
+            Some(MaintenanceWork::Recovery { role }) => {
+                (self.slots[role].recovery_offset_sectors().min(self.geometry.member_sectors(role)), self.geometry.member_sectors(role))
+            }
+            Some(MaintenanceWork::Replace { role }) => (
+                self.slots[role].replacement().map_or(0, |r| r.done_sectors.load(Ordering::Acquire)),
+                self.geometry.member_sectors(role),
+            ),
+            Some(MaintenanceWork::Resync) => (m.resync_next_unit.unwrap_or(0), self.scrub_units()),
+            Some(MaintenanceWork::Check | MaintenanceWork::Repair) => {
+                (m.scrub.as_ref().map_or(0, |s| s.next_unit), self.scrub_units())
+            }
+            None => (0, 0),
+        };
+        MaintenanceStatus {
+            current: m.current,
+            done,
+            total,
+            resync_pending: m.resync_next_unit.is_some(),
+            last_scrub: m.last_scrub,
+            mismatch_sectors: m.scrub.as_ref().map_or(0, |s| s.counts.mismatch_sectors),
+        }
+    }
+
+    /// Starts a check (or repair) of the whole array in the background.
+    pub fn start_scrub(&self, repair: bool) -> Result<()> {
+        if !self.has_redundancy() {
+            return Err(RaidError::new(ErrorKind::Refused, format!("{} has no redundancy to check", self.geometry.level())));
+        }
+        if !self.is_optimal() {
+            return Err(RaidError::new(ErrorKind::Refused, "cannot check a degraded or rebuilding array"));
+        }
+        let mut m = self.maintenance.lock();
+        if m.scrub.is_some() {
+            return Err(RaidError::new(ErrorKind::Refused, "a check is already running"));
+        }
+        m.scrub = Some(ScrubJob { repair, next_unit: 0, counts: ScrubCounts::default() });
+        drop(m);
+        self.maintenance.wake();
+        Ok(())
+    }
+
+    /// Stops a running check/repair.
+    pub fn stop_scrub(&self) -> bool {
+        self.maintenance.lock().scrub.take().is_some()
+    }
+
+    /// Client I/O bytes so far (for pacing background work).
+    pub fn client_io_bytes(&self) -> u64 {
+        self.client_io_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Does one unit of background work of at most about `max_bytes`.
+    pub async fn maintenance_step(&self, max_bytes: u64) -> Result<Step> {
+        if let Some(step) = self.assign_spare().await? {
+            return Ok(step);
+        }
+        if let Some(role) = (0..self.slots.len()).find(|&r| self.slots[r].state() == SlotState::Recovering) {
+            return self.recovery_step(role, max_bytes).await;
+        }
+        if let Some(role) = (0..self.slots.len()).find(|&r| self.slots[r].replacement().is_some()) {
+            return self.replace_step(role, max_bytes).await;
+        }
+        let (resync, scrub) = {
+            let m = self.maintenance.lock();
+            (m.resync_next_unit, m.scrub.as_ref().map(|s| (s.repair, s.next_unit)))
+        };
+        if let Some(next) = resync.filter(|_| self.has_redundancy() && self.is_optimal()) {
+            return self.resync_step(next, max_bytes).await;
+        }
+        if let Some((repair, next)) = scrub {
+            return self.scrub_step(repair, next, max_bytes).await;
+        }
+        self.maintenance.lock().current = None;
+        Ok(Step::Idle)
+    }
+
+    fn units_for(&self, max_bytes: u64, unit_sectors: u64) -> u64 {
+        (max_bytes / (unit_sectors * SECTOR_BYTES)).max(1)
+    }
+
+    /// Puts a spare into the first failed role (md's remove_and_add_spares).
+    async fn assign_spare(&self) -> Result<Option<Step>> {
+        let Some(role) = self.failed_roles().into_iter().next() else { return Ok(None) };
+        if !self.has_redundancy() {
+            return Ok(None);
+        }
+        let Some(spare) = self.spares.lock().expect("spares lock").pop() else { return Ok(None) };
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        let slot = &self.slots[role];
+        if let Some(old) = slot.take_device() {
+            self.persist_locked(StateChange::Remove { device: old.id }).await;
+        }
+        self.try_persist_locked(StateChange::Assign { device: spare.id, role, replacement: false }).await?;
+        tracing::info!(role, member = spare.member.name(), "spare takes the failed role: recovery starts");
+        slot.install(spare, Some(0));
+        self.maintenance.lock().current = Some(MaintenanceWork::Recovery { role });
+        Ok(Some(Step::Worked { work: MaintenanceWork::Recovery { role }, bytes: 0 }))
+    }
+
+    async fn checkpoint(&self, change: StateChange, sectors: u64, force: bool) {
+        let due = {
+            let mut m = self.maintenance.lock();
+            m.since_checkpoint += sectors;
+            let due = force || m.since_checkpoint >= CHECKPOINT_SECTORS;
+            if due {
+                m.since_checkpoint = 0;
+            }
+            due
+        };
+        if due {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            self.persist_locked(change).await;
+        }
+    }
+
+    async fn recovery_step(&self, role: usize, max_bytes: u64) -> Result<Step> {
+        let work = MaintenanceWork::Recovery { role };
+        self.maintenance.lock().current = Some(work);
+        let slot = &self.slots[role];
+        let device = slot.device().expect("recovering role has a device");
+        let total = self.geometry.member_sectors(role);
+        let start = slot.recovery_offset_sectors();
+        if start >= total {
+            slot.set_in_sync();
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            self.persist_locked(StateChange::InSync { device: device.id }).await;
+            tracing::info!(role, member = device.member.name(), "recovery finished");
+            self.maintenance.lock().since_checkpoint = 0;
+            return Ok(Step::Finished(work));
+        }
+        let (next, bytes) = self.copy_role_range(role, start, max_bytes, None).await?;
+        if slot.state() != SlotState::Recovering || slot.device().map(|d| d.id) != Some(device.id) {
+            return Ok(Step::Worked { work, bytes }); // failed or replaced meanwhile
+        }
+        slot.set_recovery_offset(next);
+        self.checkpoint(StateChange::RecoveryProgress { device: device.id, sectors: next }, next - start, next >= total).await;
+        Ok(Step::Worked { work, bytes })
+    }
+
+    async fn replace_step(&self, role: usize, max_bytes: u64) -> Result<Step> {
+        let work = MaintenanceWork::Replace { role };
+        self.maintenance.lock().current = Some(work);
+        let slot = &self.slots[role];
+        let replacement = slot.replacement().expect("replacement present");
+        let total = self.geometry.member_sectors(role);
+        let start = replacement.done_sectors.load(Ordering::Acquire);
+        if start >= total {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            slot.set_replacement(None);
+            let old = slot.take_device();
+            slot.install(replacement.device.clone(), None);
+            if let Some(old) = old {
+                self.persist_locked(StateChange::Replaced { old: old.id, new: replacement.device.id }).await;
+            }
+            tracing::info!(role, member = replacement.device.member.name(), "replacement finished and took over");
+            return Ok(Step::Finished(work));
+        }
+        let (next, bytes) = self.copy_role_range(role, start, max_bytes, Some(&replacement)).await?;
+        replacement.done_sectors.store(next, Ordering::Release);
+        self.checkpoint(StateChange::RecoveryProgress { device: replacement.device.id, sectors: next }, next - start, false)
+            .await;
+        Ok(Step::Worked { work, bytes })
+    }
+
+    /// Rebuilds member sectors of `role` from `start`, about `max_bytes` worth, onto the
+    /// role's device (recovery) or onto `replacement`. Returns the new offset.
+    async fn copy_role_range(
+        &self,
+        role: usize,
+        start: u64,
+        max_bytes: u64,
+        replacement: Option<&Arc<Replacement<M>>>,
+    ) -> Result<(u64, u64)> {
+        let total = self.geometry.member_sectors(role);
+        if let Some(pg) = self.geometry.parity() {
+            let chunk = u64::from(pg.chunk_sectors());
+            debug_assert_eq!(start % chunk, 0, "recovery advances by whole stripes");
+            let first = start / chunk;
+            let count = self.units_for(max_bytes, chunk).min(pg.stripes() - first);
+            for stripe in first..first + count {
+                self.rebuild_stripe(stripe, role, replacement).await?;
+            }
+            return Ok(((first + count) * chunk, count * chunk * SECTOR_BYTES));
+        }
+        // Mirrors: walk member space of the role, chunk by chunk (raid1: 256 KiB pieces).
+        let piece = match self.geometry.level() {
+            crate::geometry::Level::Raid10 => u64::from(self.geometry.chunk_sectors()),
+            _ => super::MIRROR_READ_SPLIT_SECTORS,
+        };
+        let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
+        let mut member_sector = start;
+        while member_sector < end {
+            let run = (piece - member_sector % piece).min(end - member_sector);
+            if let Some(array_sector) = self.geometry.array_sector_of(role, member_sector) {
+                self.rebuild_mirror_piece(role, member_sector, array_sector, run, replacement).await?;
+            }
+            member_sector += run;
+        }
+        Ok((end, (end - start) * SECTOR_BYTES))
+    }
+
+    async fn rebuild_stripe(&self, stripe: u64, role: usize, replacement: Option<&Arc<Replacement<M>>>) -> Result<()> {
+        let pg = self.geometry.parity().expect("parity level");
+        let _guard = self.locks.lock(stripe).await;
+        let layout = pg.stripe(stripe);
+        let block = layout
+            .data_roles
+            .iter()
+            .position(|&r| r == role)
+            .or_else(|| (layout.p_role == role).then_some(layout.data_roles.len()))
+            .unwrap_or(layout.data_roles.len() + 1);
+        let chunk = pg.chunk_sectors();
+        let member_sector = pg.stripe_member_sector(stripe);
+        let mut blocks = self.load_stripe_rows(stripe, (0, chunk)).await?;
+        let buf = blocks[block].take().expect("every block loaded");
+        let res = match replacement {
+            Some(r) => write_device(&r.device, member_sector, buf, false).await,
+            None => self.write_member(role, member_sector, buf, false).await,
+        };
+        self.finish_rebuild_write(role, replacement, res).await
+    }
+
+    async fn rebuild_mirror_piece(
+        &self,
+        role: usize,
+        member_sector: u64,
+        array_sector: u64,
+        sectors: u64,
+        replacement: Option<&Arc<Replacement<M>>>,
+    ) -> Result<()> {
+        let _guards = self.lock_mirror_range(array_sector, sectors).await;
+        let mapped = self.geometry.map(array_sector);
+        debug_assert!(mapped.copies.iter().any(|c| c.role == role && c.member_sector == member_sector));
+        for _attempt in 0..=self.slots.len() {
+            let source = mapped
+                .copies
+                .iter()
+                .filter(|c| (c.role != role || replacement.is_some()) && self.slots[c.role].is_readable(c.member_sector, sectors))
+                .min_by_key(|c| self.read_load(c.role));
+            let Some(source) = source else {
+                return Err(RaidError::new(
+                    ErrorKind::Io,
+                    format!("rebuild of role {role}: no readable copy of array sectors {array_sector}..{}", array_sector + sectors),
+                ));
+            };
+            let Some(device) = self.slots[source.role].device() else { continue };
+            match read_device(&device, source.member_sector, sectors, &self.slots[source.role].inflight_read_bytes).await {
+                Ok(buf) => {
+                    let res = match replacement {
+                        Some(r) => write_device(&r.device, member_sector, buf, false).await,
+                        None => self.write_member(role, member_sector, buf, false).await,
+                    };
+                    return self.finish_rebuild_write(role, replacement, res).await;
+                }
+                Err(e) => self.member_failed(source.role, &e, "rebuild read").await,
+            }
+        }
+        Err(RaidError::new(ErrorKind::Io, format!("rebuild of role {role}: sources kept failing")))
+    }
+
+    async fn finish_rebuild_write(
+        &self,
+        role: usize,
+        replacement: Option<&Arc<Replacement<M>>>,
+        res: std::io::Result<()>,
+    ) -> Result<()> {
+        let Err(e) = res else { return Ok(()) };
+        match replacement {
+            Some(r) => self.replacement_failed(role, r, &e).await,
+            None => self.member_failed(role, &e, "rebuild write").await,
+        }
+        Err(RaidError::io(format!("rebuild write to role {role} failed"), e))
+    }
+
+    async fn resync_step(&self, next: u64, max_bytes: u64) -> Result<Step> {
+        let work = MaintenanceWork::Resync;
+        self.maintenance.lock().current = Some(work);
+        let units = self.scrub_units();
+        if next >= units {
+            self.maintenance.lock().resync_next_unit = None;
+            tracing::info!("resync finished");
+            return Ok(Step::Finished(work));
+        }
+        let count = self.units_for(max_bytes, self.resync_unit_sectors()).min(units - next);
+        let counts = self.scrub(next, count, true).await?;
+        if counts.mismatch_sectors > 0 {
+            tracing::info!(sectors = counts.mismatch_sectors, "resync rewrote inconsistent redundancy");
+        }
+        let done = next + count;
+        self.maintenance.lock().resync_next_unit = Some(done);
+        let sectors = done * self.resync_unit_sectors();
+        self.checkpoint(StateChange::ResyncProgress { sectors }, count * self.resync_unit_sectors(), false).await;
+        Ok(Step::Worked { work, bytes: counts.scrubbed_bytes })
+    }
+
+    async fn scrub_step(&self, repair: bool, next: u64, max_bytes: u64) -> Result<Step> {
+        let work = if repair { MaintenanceWork::Repair } else { MaintenanceWork::Check };
+        self.maintenance.lock().current = Some(work);
+        let units = self.scrub_units();
+        if next >= units || !self.is_optimal() {
+            let mut m = self.maintenance.lock();
+            if let Some(job) = m.scrub.take() {
+                m.last_scrub = Some((work, job.counts));
+                tracing::info!(mismatch_cnt = job.counts.mismatch_sectors, "{} finished", work.name());
+            }
+            return Ok(Step::Finished(work));
+        }
+        let count = self.units_for(max_bytes, self.resync_unit_sectors()).min(units - next);
+        let counts = self.scrub(next, count, repair).await?;
+        let mut m = self.maintenance.lock();
+        if let Some(job) = m.scrub.as_mut().filter(|j| j.next_unit == next) {
+            job.next_unit = next + count;
+            job.counts += counts;
+        }
+        Ok(Step::Worked { work, bytes: counts.scrubbed_bytes })
+    }
+
+    /// The data offset new devices get: the same as the array's current devices.
+    fn data_offset_for_new_device(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter_map(|s| s.device())
+            .chain(self.spares.lock().expect("spares lock").iter().cloned())
+            .map(|d| d.data_offset_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Checks `member` can hold any role and records it as a new device.
+    async fn new_device(&self, member: Arc<M>) -> Result<Device<M>> {
+        let data_offset_bytes = self.data_offset_for_new_device();
+        let needed = (0..self.slots.len()).map(|r| self.geometry.member_sectors(r)).max().unwrap_or(0) * SECTOR_BYTES;
+        if member.len_bytes() < data_offset_bytes + needed {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!(
+                    "{}: {} bytes is too small: members of this array need {} bytes",
+                    member.name(),
+                    member.len_bytes(),
+                    data_offset_bytes + needed
+                ),
+            ));
+        }
+        let name = member.name().to_string();
+        let already = self.slots.iter().any(|s| s.name().as_deref() == Some(&name))
+            || self.spare_status().iter().any(|(n, _)| *n == name);
+        if already {
+            return Err(RaidError::new(ErrorKind::Refused, format!("{name} is already part of the array")));
+        }
+        let id = self.next_device_id.fetch_add(1, Ordering::AcqRel);
+        Ok(Device { id, member, data_offset_bytes })
+    }
+
+    /// Adds a device as a spare; a degraded array starts rebuilding onto it.
+    pub async fn add_spare(&self, member: Arc<M>) -> Result<usize> {
+        let device = self.new_device(member).await?;
+        let id = device.id;
+        {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            // The spare must be reachable for its own superblock write.
+            self.spares.lock().expect("spares lock").push(device.clone());
+            if let Err(e) = self.try_persist_locked(StateChange::AddSpare { device: id, device_bytes: device.member.len_bytes() }).await {
+                self.spares.lock().expect("spares lock").retain(|d| d.id != id);
+                return Err(e);
+            }
+        }
+        tracing::info!(member = device.member.name(), "spare added");
+        self.maintenance.wake();
+        Ok(id)
+    }
+
+    /// Builds `member` as a replacement for `role` while the current device stays in service.
+    pub async fn replace(&self, role: usize, member: Arc<M>) -> Result<()> {
+        let slot = self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
+        if slot.state() != SlotState::InSync || slot.replacement().is_some() {
+            return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not in sync or is already being replaced")));
+        }
+        if !self.has_redundancy() {
+            return Err(RaidError::new(ErrorKind::Refused, format!("{} cannot replace members online", self.geometry.level())));
+        }
+        let device = self.new_device(member).await?;
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        self.spares.lock().expect("spares lock").push(device.clone());
+        let added = self.try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() }).await;
+        self.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
+        added?;
+        slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));
+        if let Err(e) = self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: true }).await {
+            slot.set_replacement(None);
+            return Err(e);
+        }
+        tracing::info!(role, member = device.member.name(), "replacement started");
+        drop(_g);
+        self.maintenance.wake();
+        Ok(())
+    }
+
+    /// Removes a spare or a faulty member (by name), as `mdadm --remove`.
+    pub async fn remove_device(&self, name: &str) -> Result<()> {
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        let spare = {
+            let mut spares = self.spares.lock().expect("spares lock");
+            spares.iter().position(|d| d.member.name() == name).map(|i| spares.remove(i))
+        };
+        if let Some(spare) = spare {
+            self.persist_locked(StateChange::Remove { device: spare.id }).await;
+            return Ok(());
+        }
+        for slot in &self.slots {
+            if slot.name().as_deref() != Some(name) {
+                continue;
+            }
+            if slot.state() != SlotState::Faulty {
+                return Err(RaidError::new(ErrorKind::Refused, format!("{name} is active: fail it first")));
+            }
+            if let Some(old) = slot.take_device() {
+                self.persist_locked(StateChange::Remove { device: old.id }).await;
+            }
+            return Ok(());
+        }
+        Err(RaidError::new(ErrorKind::Refused, format!("{name} is not a member of the array")))
+    }
+
+    /// Marks the member called `name` faulty (admin "fail").
+    pub async fn fail_member(&self, name: &str) -> Result<()> {
+        let role = self
+            .slots
+            .iter()
+            .position(|s| s.name().as_deref() == Some(name))
+            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("{name} is not an active member")))?;
+        self.fail_role(role).await
+    }
+}
