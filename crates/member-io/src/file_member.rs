@@ -1,0 +1,328 @@
+//! `FileMember<O>`: the `raid_core::Member` policy for a file or block device, written once
+//! for both engines; and the public [`UringMember`] / [`ThreadPoolMember`] built on it.
+//!
+//! Policy (what callers can rely on):
+//! - Range: anything beyond the size seen at open fails with `UnexpectedEof` (`check_range`).
+//! - Alignment: with O_DIRECT, offsets and lengths must be multiples of `alignment()` or the
+//!   op fails with `InvalidInput` before reaching the kernel (the engine never sends them).
+//! - Reads fill the whole buffer: short reads are continued; end of file (e.g. the file
+//!   was truncated under us) is an `UnexpectedEof` error, never zeros.
+//! - Writes are continued after short writes; `fua` = write, then fdatasync.
+//! - `flush` = fdatasync (a no-op success on read-only members).
+//! - `discard`: fallocate(PUNCH_HOLE|KEEP_SIZE) → the `write_zeroes` chain.
+//! - `write_zeroes`: fallocate(ZERO_RANGE|KEEP_SIZE) → (regular files) PUNCH_HOLE then
+//!   re-allocate → writing zero buffers. Only EOPNOTSUPP/ENOSYS move down the chain (and are
+//!   remembered per member); real errors (EIO, ENOSPC) are returned. On block devices
+//!   fallocate zeroes through the block layer (write-zeroes / zero pages), like BLKZEROOUT.
+//! - Read-only members fail writes, discards and zeroing with EROFS.
+//! - A member whose file is unlinked while open keeps working (the fd pins the inode).
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use raid_core::member::{BufResult, IoFuture, check_range};
+use raid_core::{AlignedBuf, Member};
+
+use crate::error::Result;
+use crate::file_ops::FileOps;
+use crate::member_file::{FileRef, MemberFile, open_member_file};
+use crate::options::DirectMode;
+use crate::threads::ops::ThreadOps;
+use crate::uring::driver::UringDriver;
+use crate::uring::ops::UringOps;
+
+/// Largest single syscall/SQE (aligned for every O_DIRECT alignment; below Linux's MAX_RW_COUNT).
+const MAX_OP_BYTES: usize = 1 << 30;
+/// Size of the zero buffer used when the filesystem cannot zero a range itself.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+pub(crate) struct FileMember<O: FileOps> {
+    file: Arc<MemberFile>,
+    ops: O,
+}
+
+impl<O: FileOps> FileMember<O> {
+    fn new(file: MemberFile, ops: O) -> Self {
+        Self { file: Arc::new(file), ops }
+    }
+
+    fn check_io(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        check_range(self.file.name(), self.file.len_bytes(), offset_bytes, len_bytes)?;
+        let align = self.file.align_bytes() as u64;
+        if !offset_bytes.is_multiple_of(align) || !len_bytes.is_multiple_of(align) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: unaligned I/O at {offset_bytes}+{len_bytes}: O_DIRECT needs {align}-byte alignment",
+                    self.file.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.file.is_read_only() { Err(io::Error::from_raw_os_error(libc::EROFS)) } else { Ok(()) }
+    }
+
+    async fn read(&self, offset_bytes: u64, mut buf: AlignedBuf) -> BufResult {
+        if let Err(e) = self.check_io(offset_bytes, buf.len() as u64) {
+            return (Err(e), buf);
+        }
+        let len = buf.len();
+        let mut done = 0;
+        while done < len {
+            let end = len.min(done + MAX_OP_BYTES);
+            let (res, back) = self.ops.read(FileRef::new(&self.file), offset_bytes + done as u64, buf, done..end).await;
+            buf = back;
+            match res {
+                Ok(n) if n > 0 && n <= end - done => done += n,
+                Ok(n) => {
+                    debug_assert_eq!(n, 0, "read returned more than asked");
+                    return (Err(self.short_io(io::ErrorKind::UnexpectedEof, offset_bytes, done, len)), buf);
+                }
+                Err(e) => return (Err(e), buf),
+            }
+            if done < len && !done.is_multiple_of(self.file.align_bytes()) {
+                // A short O_DIRECT read ends at end of file; continuing would be misaligned.
+                return (Err(self.short_io(io::ErrorKind::UnexpectedEof, offset_bytes, done, len)), buf);
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    async fn write(&self, offset_bytes: u64, mut buf: AlignedBuf, fua: bool) -> BufResult {
+        if let Err(e) = self.check_io(offset_bytes, buf.len() as u64).and_then(|()| self.check_writable()) {
+            return (Err(e), buf);
+        }
+        let len = buf.len();
+        let mut done = 0;
+        while done < len {
+            let end = len.min(done + MAX_OP_BYTES);
+            let (res, back) =
+                self.ops.write(FileRef::new(&self.file), offset_bytes + done as u64, buf, done..end).await;
+            buf = back;
+            match res {
+                Ok(n) if n > 0 && n <= end - done => done += n,
+                Ok(_) => return (Err(self.short_io(io::ErrorKind::WriteZero, offset_bytes, done, len)), buf),
+                Err(e) => return (Err(e), buf),
+            }
+            if done < len && !done.is_multiple_of(self.file.align_bytes()) {
+                return (Err(self.short_io(io::ErrorKind::WriteZero, offset_bytes, done, len)), buf);
+            }
+        }
+        if fua && let Err(e) = self.flush().await {
+            return (Err(e), buf);
+        }
+        (Ok(()), buf)
+    }
+
+    fn short_io(&self, kind: io::ErrorKind, offset_bytes: u64, done: usize, len: usize) -> io::Error {
+        let what = if kind == io::ErrorKind::WriteZero { "write" } else { "read" };
+        io::Error::new(
+            kind,
+            format!(
+                "{}: short {what} at {offset_bytes}+{len}: stopped after {done} bytes (file shrank or device ended)",
+                self.file.name()
+            ),
+        )
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        if self.file.is_read_only() {
+            return Ok(());
+        }
+        self.ops.fdatasync(FileRef::new(&self.file)).await
+    }
+
+    async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_io(offset_bytes, len_bytes)?;
+        self.check_writable()?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if self.try_fallocate(punch, &self.file.punch_hole_unsupported, offset_bytes, len_bytes).await? {
+            return Ok(());
+        }
+        self.zero_range(offset_bytes, len_bytes).await
+    }
+
+    async fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_io(offset_bytes, len_bytes)?;
+        self.check_writable()?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        self.zero_range(offset_bytes, len_bytes).await
+    }
+
+    /// The zeroing chain after the caller's checks: ZERO_RANGE, punch + allocate, zero writes.
+    async fn zero_range(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let file = &self.file;
+        let zero_range = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        if self.try_fallocate(zero_range, &file.zero_range_unsupported, offset_bytes, len_bytes).await? {
+            return Ok(());
+        }
+        if !file.is_block_device() && !file.allocate_unsupported.load(Ordering::Relaxed) {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            if self.try_fallocate(punch, &file.punch_hole_unsupported, offset_bytes, len_bytes).await? {
+                // The range reads as zeros now; allocate it again so it stays provisioned.
+                let allocate = libc::FALLOC_FL_KEEP_SIZE;
+                self.try_fallocate(allocate, &file.allocate_unsupported, offset_bytes, len_bytes).await?;
+                return Ok(());
+            }
+        }
+        self.write_zero_buffers(offset_bytes, len_bytes).await
+    }
+
+    /// `Ok(true)` if fallocate did it, `Ok(false)` if the mode is unsupported here (remembered).
+    async fn try_fallocate(
+        &self,
+        mode: i32,
+        unsupported: &AtomicBool,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> io::Result<bool> {
+        if unsupported.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        match self.ops.fallocate(FileRef::new(&self.file), mode, offset_bytes, len_bytes).await {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {
+                tracing::debug!(member = self.file.name(), mode, "fallocate mode unsupported; falling back");
+                unsupported.store(true, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn write_zero_buffers(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let chunk = usize::try_from(len_bytes).unwrap_or(usize::MAX).min(ZERO_CHUNK_BYTES);
+        let mut zeros = AlignedBuf::zeroed(chunk);
+        let mut done = 0u64;
+        while done < len_bytes {
+            let n = (len_bytes - done).min(chunk as u64) as usize;
+            zeros.set_len(n);
+            let (res, back) = self.write(offset_bytes + done, zeros, false).await;
+            res?;
+            zeros = back;
+            debug_assert!(zeros.as_slice().iter().all(|&b| b == 0), "zero buffer was modified");
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+impl<O: FileOps> Member for FileMember<O> {
+    fn name(&self) -> &str {
+        self.file.name()
+    }
+    fn len_bytes(&self) -> u64 {
+        self.file.len_bytes()
+    }
+    fn alignment(&self) -> usize {
+        self.file.align_bytes()
+    }
+    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
+        Box::pin(self.read(offset_bytes, buf))
+    }
+    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        Box::pin(self.write(offset_bytes, buf, fua))
+    }
+    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(FileMember::flush(self))
+    }
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(FileMember::discard(self, offset_bytes, len_bytes))
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(FileMember::write_zeroes(self, offset_bytes, len_bytes))
+    }
+}
+
+/// Forwards `Member` and the inspection methods of a public backend type to its `FileMember`.
+macro_rules! file_member_type {
+    ($name:ident) => {
+        impl $name {
+            /// Whether the member was opened with O_DIRECT.
+            pub fn is_direct(&self) -> bool {
+                self.inner.file.is_direct()
+            }
+            /// Operations the kernel or a worker still holds, including ones whose futures
+            /// were dropped (tests use this to wait for cancelled I/O to finish).
+            pub fn in_flight_ops(&self) -> usize {
+                self.inner.file.in_flight_ops()
+            }
+        }
+
+        impl Member for $name {
+            fn name(&self) -> &str {
+                self.inner.name()
+            }
+            fn len_bytes(&self) -> u64 {
+                self.inner.len_bytes()
+            }
+            fn alignment(&self) -> usize {
+                self.inner.alignment()
+            }
+            fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
+                self.inner.read_at(offset_bytes, buf)
+            }
+            fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
+                self.inner.write_at(offset_bytes, buf, fua)
+            }
+            fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+                Member::flush(&self.inner)
+            }
+            fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+                Member::discard(&self.inner, offset_bytes, len_bytes)
+            }
+            fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+                Member::write_zeroes(&self.inner, offset_bytes, len_bytes)
+            }
+        }
+    };
+}
+
+/// A member served by io_uring (a shared ring thread unless opened with [`UringMember::open_on`]).
+pub struct UringMember {
+    inner: FileMember<UringOps>,
+}
+
+impl UringMember {
+    /// Opens `path` on the process-wide ring ([`UringDriver::shared`]).
+    pub fn open(path: impl AsRef<Path>, direct: DirectMode, read_only: bool) -> Result<Self> {
+        Self::open_on(path, direct, read_only, UringDriver::shared()?)
+    }
+
+    /// Opens `path` on a given ring thread.
+    pub fn open_on(
+        path: impl AsRef<Path>,
+        direct: DirectMode,
+        read_only: bool,
+        driver: Arc<UringDriver>,
+    ) -> Result<Self> {
+        let file = open_member_file(path.as_ref(), direct, read_only)?;
+        Ok(Self { inner: FileMember::new(file, UringOps::new(driver)) })
+    }
+}
+
+file_member_type!(UringMember);
+
+/// A member served by blocking pread/pwrite on the process-wide thread pool.
+pub struct ThreadPoolMember {
+    inner: FileMember<ThreadOps>,
+}
+
+impl ThreadPoolMember {
+    pub fn open(path: impl AsRef<Path>, direct: DirectMode, read_only: bool) -> Result<Self> {
+        let file = open_member_file(path.as_ref(), direct, read_only)?;
+        Ok(Self { inner: FileMember::new(file, ThreadOps::global()) })
+    }
+}
+
+file_member_type!(ThreadPoolMember);
