@@ -22,6 +22,7 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
     let options = MemberOpenOptions {
         io: MemberIoArgs { io: IoEngine::Auto, member_bw: None, member_iops: None, buffered: false },
         read_only: !args.repair,
+        faults: None,
     };
     let opened = open_array(&args.members, &options, false).await?;
     let array = opened.array;

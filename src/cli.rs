@@ -38,6 +38,58 @@ pub enum Command {
     Check(CheckArgs),
     /// First run: create four 1 GiB sparse members, a RAID5 over them, and serve it.
     Quickstart(QuickstartArgs),
+    /// Control a running server: status, fail/remove/add/replace members, check, repair.
+    Ctl(CtlArgs),
+    /// Measure arrays against a single member with fio (dd-style, CrystalDiskMark-style, block-size sweep).
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// Control socket of the server (default: the one for --port).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// NBD port of the server, to find its default control socket.
+    #[arg(long, default_value_t = 10809)]
+    pub port: u16,
+    /// Which export, when the server has several.
+    #[arg(short, long)]
+    pub export: Option<String>,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// Arrays, members, and rebuild/check progress (like /proc/mdstat).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark a member faulty (the array continues degraded).
+    Fail { member: String },
+    /// Remove a faulty member or a spare from the array.
+    Remove { member: String },
+    /// Add a spare; a degraded array starts rebuilding onto it.
+    Add { path: String },
+    /// Copy a member onto a new one while it stays in service, then swap them.
+    Replace { member: String, path: String },
+    /// Start a background check (counts mismatches, like md's mismatch_cnt).
+    Check,
+    /// Start a background repair (rewrites mismatching parity/mirrors).
+    Repair,
+    /// Stop a running check or repair.
+    Idle,
+    /// Rebuild/check speed limits in bytes/s (e.g. 1M 200M).
+    RebuildSpeed {
+        #[arg(value_parser = parse_size)]
+        min: u64,
+        #[arg(value_parser = parse_size)]
+        max: u64,
+    },
+    /// Testing: make a member fail its reads, writes, all I/O, or none (serve --fault-injection).
+    #[command(hide = true)]
+    Fault { member: String, ops: String },
 }
 
 #[derive(Args, Debug)]
@@ -127,6 +179,12 @@ pub struct ServeArgs {
     /// Start even if the array is dirty and degraded (parity may be stale: the RAID5/6 write hole).
     #[arg(long)]
     pub force: bool,
+    /// Control socket for `raidnbd ctl` (default: /run/raidnbd/control-PORT.sock as root).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Testing: wrap members so `raidnbd ctl fault` can make them fail.
+    #[arg(long, hide = true)]
+    pub fault_injection: bool,
     /// Member files or block devices, in any order.
     #[arg(value_name = "MEMBER")]
     pub members: Vec<String>,
@@ -161,4 +219,66 @@ pub struct QuickstartArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub listen: SocketAddr,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Workloads (for --workloads): dd-write, seq1m-q8t1-read, seq1m-q8t1-write, \
+                        seq1m-q1t1-read, seq1m-q1t1-write, rnd4k-q32t1-read, rnd4k-q32t1-write, \
+                        rnd4k-q1t1-read, rnd4k-q1t1-write, seq-fullstripe-write, sweep (all sweep sizes), \
+                        sweep-randread, sweep-randwrite.\n\n\
+                        Example (cloud-volume emulation): raidnbd bench --member-bw 20M --member-iops 200 \\\n\
+                        \x20   --levels single,0,5,6,10 --members 4 --chunks 64K --out bench-results")]
+pub struct BenchArgs {
+    /// Arrays to measure: single (one member served the same way: the baseline for ratios),
+    /// linear, 0, 1, 4, 5, 6, 10.
+    #[arg(long, value_delimiter = ',', default_value = "single,0,5,6,10")]
+    pub levels: Vec<String>,
+    /// Members per array.
+    #[arg(long, default_value_t = 4)]
+    pub members: usize,
+    /// Chunk sizes; every striped level is built once per chunk size.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "64K")]
+    pub chunks: Vec<u64>,
+    /// Cache modes to measure (writeback rows read "skipped" while it is not available).
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "writethrough")]
+    pub cache: Vec<CacheMode>,
+    /// Size of each member file [default: 1G; 64M with --quick].
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Measured time per workload [default: 10s; 1s with --quick].
+    #[arg(long, value_parser = crate::bench::parse_duration)]
+    pub runtime: Option<std::time::Duration>,
+    /// Warm-up before measuring, per workload [default: 2s; 0.5s with --quick].
+    #[arg(long, value_parser = crate::bench::parse_duration)]
+    pub ramp: Option<std::time::Duration>,
+    /// Smoke-test preset: small members, short runs, a two-point sweep.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only these workloads (see below) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Vec<String>,
+    /// Block sizes of the block-size sweep [default: 4K,16K,64K,256K,1M; 4K,1M with --quick].
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    pub sweep: Option<Vec<u64>>,
+    /// Do not write the whole array once before measuring (reads then hit unwritten space).
+    #[arg(long)]
+    pub no_fill: bool,
+    /// Where the member files go: a fresh directory is made inside [default: /var/tmp, else .].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Use these files or block devices as members instead of temporary files (needs --force:
+    /// their contents are destroyed).
+    #[arg(long, value_delimiter = ',', value_name = "DEV")]
+    pub devices: Vec<String>,
+    /// Allow overwriting --devices.
+    #[arg(long)]
+    pub force: bool,
+    /// Keep the member files and server logs.
+    #[arg(long)]
+    pub keep: bool,
+    /// Directory for the results (results.md, .csv, .json, .svg, -ratio.svg).
+    #[arg(long, default_value = "raidnbd-bench")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub io: MemberIoArgs,
 }

@@ -17,6 +17,7 @@ fn read_only_options() -> MemberOpenOptions {
     MemberOpenOptions {
         io: MemberIoArgs { io: crate::cli::IoEngine::Threads, member_bw: None, member_iops: None, buffered: true },
         read_only: true,
+        faults: None,
     }
 }
 

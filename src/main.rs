@@ -5,12 +5,16 @@
 //! `nbd-server` (the protocol). Errors end as one line on stderr and exit status 2;
 //! `check` exits 1 when it found mismatches.
 
+mod bench;
 mod check;
 mod cli;
 mod config;
+mod control;
 mod create;
+mod ctl;
 mod export;
 mod inspect;
+mod maintenance;
 mod open;
 mod quickstart;
 mod serve;
@@ -71,6 +75,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Quickstart(args) => quickstart::run(args).await?,
+        Command::Bench(args) => bench::run(args).await?,
+        Command::Ctl(args) => ctl::run(args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

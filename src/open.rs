@@ -6,11 +6,12 @@
 //!        ─► engine::Array (with MdStore: state changes go to the superblocks)
 //! ```
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
-use member_io::{DirectMode, OpenOptions, ThrottleConfig, Throttled};
-use raid_core::engine::{Array, RoleMember};
+use member_io::{DirectMode, FaultControl, Faulty, OpenOptions, ThrottleConfig, Throttled};
+use raid_core::engine::{Array, Device, RoleMember};
 use raid_core::geometry::{Geometry, Level};
 use raid_core::md::{self, Assembly, Candidate, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
 use raid_core::md_store::MdStore;
@@ -18,11 +19,16 @@ use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
 
 use crate::cli::{IoEngine, MemberIoArgs};
 
+/// Fault switches of the members opened with fault injection, by member name.
+pub type FaultRegistry = Arc<Mutex<HashMap<String, Arc<FaultControl>>>>;
+
 /// How to open members.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MemberOpenOptions {
     pub io: MemberIoArgs,
     pub read_only: bool,
+    /// Wrap every member in a fault injector registered here (testing).
+    pub faults: Option<FaultRegistry>,
 }
 
 impl MemberOpenOptions {
@@ -43,14 +49,22 @@ impl MemberOpenOptions {
     }
 }
 
-/// Opens one member with the chosen engine, throttled if asked.
+/// Opens one member with the chosen engine, throttled and fault-injectable if asked.
+/// Members are named by their canonical path, so `ctl` can name them from anywhere.
 pub fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
-    let member = member_io::open_member(path, &options.backend_options())
-        .with_context(|| format!("cannot open member {path}"))?;
+    let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot open member {path}"))?;
+    let name = canonical.to_string_lossy().into_owned();
+    let mut member =
+        member_io::open_member(&canonical, &options.backend_options()).with_context(|| format!("cannot open member {path}"))?;
     let throttle = options.throttle();
     if throttle.is_active() {
         let throttled = Throttled::new(member, &throttle).with_context(|| format!("cannot throttle member {path}"))?;
-        return Ok(Arc::new(throttled));
+        member = Arc::new(throttled);
+    }
+    if let Some(registry) = &options.faults {
+        let control = FaultControl::new();
+        registry.lock().expect("fault registry").insert(name, control.clone());
+        member = Arc::new(Faulty::new(member, control));
     }
     Ok(member)
 }
@@ -131,10 +145,28 @@ fn start_array(assembly: &Assembly, members: &[Arc<dyn Member>]) -> Result<Array
                 member: members[candidate].clone(),
                 data_offset_bytes: record.data_offset * SECTOR_BYTES,
                 recovery_offset_sectors: record.recovery_offset,
+                device_id: index,
             })
         })
         .collect();
-    let role_indexes = (0..roles).map(member_index).collect();
-    let store = MdStore::new(meta.clone(), role_indexes);
-    Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean()).map_err(|e| anyhow!("{e}"))
+    let spares: Vec<Device<dyn Member>> = assembly
+        .spares
+        .iter()
+        .filter_map(|&c| {
+            let index = assembly.member_index_of_candidate(c)?;
+            Some(Device {
+                id: index,
+                member: members[c].clone(),
+                data_offset_bytes: meta.members[index].data_offset * SECTOR_BYTES,
+            })
+        })
+        .collect();
+    let store = MdStore::new(meta.clone(), vec![true; meta.members.len()]);
+    let array = Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean())
+        .map_err(|e| anyhow!("{e}"))?
+        .with_spares(spares);
+    if !meta.is_clean() && meta.resync_offset != 0 {
+        array.resume_resync_from(meta.resync_offset);
+    }
+    Ok(array)
 }

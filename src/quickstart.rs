@@ -55,6 +55,8 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
         io: MemberIoArgs { io: IoEngine::Auto, member_bw: None, member_iops: None, buffered: false },
         config: None,
         force: false,
+        control: None,
+        fault_injection: false,
         members: paths,
     })
     .await

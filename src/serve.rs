@@ -13,7 +13,9 @@ use crate::cli::{CacheMode, MemberIoArgs, ServeArgs};
 use crate::config;
 use crate::create::describe_layout;
 use crate::export::ArrayDevice;
-use crate::open::{MemberOpenOptions, OpenedArray, open_array};
+use crate::control::{self, Control, ControlledExport};
+use crate::maintenance;
+use crate::open::{FaultRegistry, MemberOpenOptions, OpenedArray, open_array};
 use crate::size::human_bytes;
 
 /// One export to serve, after merging the config file and the flags.
@@ -29,7 +31,7 @@ fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
             bail!("no members given: raidnbd serve MEMBER... (or --config FILE)");
         }
         let name = args.export.clone().unwrap_or_default();
-        let options = MemberOpenOptions { io: args.io.clone(), read_only: args.read_only };
+        let options = MemberOpenOptions { io: args.io.clone(), read_only: args.read_only, faults: faults(args) };
         return Ok((args.listen, vec![ExportPlan { name, members: args.members.clone(), options }]));
     };
     if !args.members.is_empty() {
@@ -49,10 +51,14 @@ fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
             member_iops: args.io.member_iops.or(e.member_iops),
             buffered: args.io.buffered || e.buffered,
         };
-        let options = MemberOpenOptions { io, read_only: args.read_only || e.read_only };
+        let options = MemberOpenOptions { io, read_only: args.read_only || e.read_only, faults: faults(args) };
         out.push(ExportPlan { name: e.name, members: e.members, options });
     }
     Ok((listen, out))
+}
+
+fn faults(args: &ServeArgs) -> Option<FaultRegistry> {
+    args.fault_injection.then(FaultRegistry::default)
 }
 
 fn default_listen() -> SocketAddr {
@@ -86,28 +92,42 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let (listen, plans) = plans(&args)?;
     let mut arrays: Vec<Arc<Array<dyn Member>>> = Vec::new();
     let mut exports = Vec::new();
+    let mut controlled = Vec::new();
     let mut lines = Vec::new();
     for plan in plans {
         let opened = open_array(&plan.members, &plan.options, args.force).await?;
         let read_only = plan.options.read_only || opened.forced_read_only;
         let description = describe(&opened);
-        let device: Arc<dyn BlockDevice> =
-            Arc::new(ArrayDevice::new(opened.array.clone(), read_only, description.clone()));
+        let device: Arc<dyn BlockDevice> = Arc::new(ArrayDevice::new(opened.array.clone(), read_only, description.clone()));
         lines.push(format!(
             "serving export '{}' on {listen}: {description}{}; cache writethrough",
             plan.name,
             if read_only { ", READ-ONLY" } else { "" }
         ));
-        exports.push(Export::new(plan.name, device));
+        exports.push(Export::new(plan.name.clone(), device));
+        let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
+        controlled.push(ControlledExport { name: plan.name, array: opened.array.clone(), worker, open_options: plan.options });
         arrays.push(opened.array);
     }
     let server = Server::new(exports, ServerConfig::default()).map_err(|e| anyhow!("{e}"))?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let socket = args.control.clone().unwrap_or_else(|| control::default_socket(listen.port()));
+    let control = Arc::new(Control { exports: controlled });
+    let control_task = {
+        let socket = socket.clone();
+        tokio::spawn(async move {
+            if let Err(e) = control::serve(control, &socket).await {
+                tracing::error!("control socket: {e:#}");
+            }
+        })
+    };
     for line in &lines {
         tracing::info!("{line}");
     }
     let served = server.serve(listener, shutdown_signal()).await;
     tracing::info!("shutting down: flushing and marking arrays clean");
+    control_task.abort();
+    let _ = std::fs::remove_file(&socket);
     for array in &arrays {
         array.shutdown().await.map_err(|e| anyhow!("{e}"))?;
     }

@@ -4,4 +4,5 @@
 mod util;
 
 mod cli_errors;
+mod ctl_rebuild;
 mod serve_clients;

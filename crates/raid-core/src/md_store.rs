@@ -40,11 +40,13 @@ impl MdStore {
             .ok_or_else(|| RaidError::new(ErrorKind::BadMetadata, format!("no device {device} in the array metadata")))
     }
 
-    /// First `dev_number` no present member uses (mdadm --add picks the first free slot).
+    /// First `dev_number` no member record uses and no role claims (mdadm --add picks the
+    /// first free slot). Records of devices that left keep their number for this run, so
+    /// every record's number stays unique.
     fn free_dev_number(&self) -> Result<u32, RaidError> {
         (0..MAX_DEV)
             .find(|n| {
-                !self.metadata.members.iter().zip(&self.present).any(|(m, &p)| p && m.dev_number == *n)
+                !self.metadata.members.iter().any(|m| m.dev_number == *n)
                     && self.metadata.dev_roles.get(*n as usize).is_none_or(|r| r.active().is_none())
             })
             .ok_or_else(|| RaidError::new(ErrorKind::Refused, "no free slot in md's device table"))

@@ -135,13 +135,18 @@ impl<M: Member + ?Sized> Array<M> {
         self.maintenance.lock().waker = Some(waker);
     }
 
-    /// Resync after an unclean stop starts at `sectors` (md's resync checkpoint) instead of 0.
+    /// The superblocks say a resync stopped cleanly at `sectors` (md's resync_offset):
+    /// resume there. Unlike a crash (resync_offset 0), the superblocks do not say
+    /// "active", so the first write records that again.
     pub fn resume_resync_from(&self, sectors: u64) {
         let unit = sectors / self.resync_unit_sectors();
-        let mut m = self.maintenance.lock();
-        if m.resync_next_unit.is_some() {
-            m.resync_next_unit = Some(unit.min(self.scrub_units()));
-        }
+        self.maintenance.lock().resync_next_unit = Some(unit.min(self.scrub_units()));
+        self.dirty.store(false, Ordering::Release);
+    }
+
+    /// Where a pending resync stands, in md's resync sectors (`None`: nothing pending).
+    pub(crate) fn resync_checkpoint(&self) -> Option<u64> {
+        self.maintenance.lock().resync_next_unit.map(|u| u * self.resync_unit_sectors())
     }
 
     /// Resync sectors (md resync address space) per scrub unit.
@@ -260,11 +265,14 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(Some(Step::Worked { work: MaintenanceWork::Recovery { role }, bytes: 0 }))
     }
 
+    /// Records progress when enough was done since the last record: every 128 MiB or
+    /// 1/16 of the member, whichever comes first (md checkpoints every 1/16).
     async fn checkpoint(&self, change: StateChange, sectors: u64, force: bool) {
+        let every = CHECKPOINT_SECTORS.min(self.geometry.member_sectors(0) / 16).max(1);
         let due = {
             let mut m = self.maintenance.lock();
             m.since_checkpoint += sectors;
-            let due = force || m.since_checkpoint >= CHECKPOINT_SECTORS;
+            let due = force || m.since_checkpoint >= every;
             if due {
                 m.since_checkpoint = 0;
             }
@@ -449,10 +457,9 @@ impl<M: Member + ?Sized> Array<M> {
         if counts.mismatch_sectors > 0 {
             tracing::info!(sectors = counts.mismatch_sectors, "resync rewrote inconsistent redundancy");
         }
-        let done = next + count;
-        self.maintenance.lock().resync_next_unit = Some(done);
-        let sectors = done * self.resync_unit_sectors();
-        self.checkpoint(StateChange::ResyncProgress { sectors }, count * self.resync_unit_sectors(), false).await;
+        // No checkpoint while running: md keeps resync_offset at 0 while the array is
+        // active; the point reached is recorded at an orderly stop (see `shutdown`).
+        self.maintenance.lock().resync_next_unit = Some(next + count);
         Ok(Step::Worked { work, bytes: counts.scrubbed_bytes })
     }
 

@@ -25,7 +25,8 @@ pub enum StateChange {
     Dirty,
     /// Orderly stop: everything is in sync.
     Clean,
-    /// Resync after an unclean stop has reached `sectors` (md resync address space).
+    /// Orderly stop while the resync after an unclean stop had only reached `sectors`
+    /// (md resync address space): below is in sync, the rest must be resynced.
     ResyncProgress { sectors: u64 },
     /// The device failed.
     Faulty { device: usize },

@@ -276,12 +276,17 @@ impl<M: Member + ?Sized> Array<M> {
         self.check_survives("flush")
     }
 
-    /// Orderly stop: flush, then record "clean" in the superblocks.
+    /// Orderly stop: flush, then record "clean" in the superblocks (or, when a resync
+    /// after an unclean stop has not finished, how far it got, as md does).
     pub async fn shutdown(&self) -> Result<()> {
         self.flush().await?;
         if self.dirty.load(Ordering::Acquire) {
             let _g = self.locks.lock(META_LOCK_KEY).await;
-            self.persist_locked(StateChange::Clean).await;
+            let change = match self.resync_checkpoint() {
+                Some(sectors) => StateChange::ResyncProgress { sectors },
+                None => StateChange::Clean,
+            };
+            self.persist_locked(change).await;
             self.dirty.store(false, Ordering::Release);
         }
         Ok(())

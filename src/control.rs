@@ -1,0 +1,239 @@
+//! The control socket of a running server (Unix socket, mode 0600): `raidnbd ctl` sends
+//! one JSON request per line and gets one JSON reply per line.
+//!
+//! ```text
+//!  {"command":"status"}                              -> {"ok":true,"exports":[...]}
+//!  {"command":"fail","member":"/path"}               -> {"ok":true} | {"ok":false,"error":"..."}
+//!  {"command":"remove","member":"/path"}
+//!  {"command":"add","path":"/abs/path"}              new spare; rebuild starts if degraded
+//!  {"command":"replace","member":"/old","path":"/abs/new"}
+//!  {"command":"check"} {"command":"repair"} {"command":"idle"}
+//!  {"command":"rebuild-speed","min":1000000,"max":200000000}
+//!  {"command":"fault","member":"/path","ops":"reads|writes|all|none"}   (serve --fault-injection only)
+//! ```
+//! Every request may name `"export"`; it can be left out when the server has one export.
+//! Every state change goes through the engine, which records it in the superblocks.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context, Result, anyhow, bail};
+use member_io::FaultOps;
+use raid_core::engine::{Array, MaintenanceWork, SlotState};
+use raid_core::{Member, SECTOR_BYTES};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::create::describe_layout;
+use crate::maintenance::Worker;
+use crate::open::{MemberOpenOptions, open_member};
+
+/// Longest request line accepted.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// The default control socket for a server listening on `port`.
+pub fn default_socket(port: u16) -> PathBuf {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let base = if uid == 0 {
+        PathBuf::from("/run/raidnbd")
+    } else if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(dir).join("raidnbd")
+    } else {
+        PathBuf::from(format!("/tmp/raidnbd-{uid}"))
+    };
+    base.join(format!("control-{port}.sock"))
+}
+
+/// What the control socket can act on for one export.
+pub struct ControlledExport {
+    pub name: String,
+    pub array: Arc<Array<dyn Member>>,
+    pub worker: Worker,
+    pub open_options: MemberOpenOptions,
+}
+
+pub struct Control {
+    pub exports: Vec<ControlledExport>,
+}
+
+/// Binds the socket (replacing a stale one) with mode 0600 and serves requests forever.
+pub async fn serve(control: Arc<Control>, path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("control socket {} is in use by another raidnbd", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("cannot remove stale {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    tracing::info!("control socket {}", path.display());
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let control = control.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handle(control, stream).await {
+                tracing::debug!(error = %e, "control connection ended");
+            }
+        });
+    }
+}
+
+async fn handle(control: Arc<Control>, stream: UnixStream) -> Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = (&mut lines).take(MAX_REQUEST_BYTES as u64).read_line(&mut line).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let reply = match serde_json::from_str::<Value>(&line) {
+            Ok(request) => match execute(&control, &request).await {
+                Ok(mut v) => {
+                    v["ok"] = json!(true);
+                    v
+                }
+                Err(e) => json!({ "ok": false, "error": format!("{e:#}") }),
+            },
+            Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
+        };
+        let mut text = reply.to_string();
+        text.push('\n');
+        write.write_all(text.as_bytes()).await?;
+    }
+}
+
+fn str_field<'a>(request: &'a Value, key: &str) -> Result<&'a str> {
+    request[key].as_str().ok_or_else(|| anyhow!("missing \"{key}\""))
+}
+
+fn find_export<'a>(control: &'a Control, request: &Value) -> Result<&'a ControlledExport> {
+    match request["export"].as_str() {
+        Some(name) => control.exports.iter().find(|e| e.name == name).ok_or_else(|| anyhow!("no export named {name:?}")),
+        None if control.exports.len() == 1 => Ok(&control.exports[0]),
+        None => bail!("several exports are served: name one with --export"),
+    }
+}
+
+async fn execute(control: &Control, request: &Value) -> Result<Value> {
+    let command = str_field(request, "command")?;
+    if command == "status" {
+        let exports: Vec<Value> = control.exports.iter().map(status).collect();
+        return Ok(json!({ "exports": exports }));
+    }
+    let export = find_export(control, request)?;
+    let array = &export.array;
+    let err = |e: raid_core::RaidError| anyhow!("{e}");
+    match command {
+        "fail" => array.fail_member(str_field(request, "member")?).await.map_err(err)?,
+        "remove" => array.remove_device(str_field(request, "member")?).await.map_err(err)?,
+        "add" => {
+            let member = open_for_array(export, str_field(request, "path")?)?;
+            array.add_spare(member).await.map_err(err)?;
+        }
+        "replace" => {
+            let old = str_field(request, "member")?;
+            let role = array
+                .role_status()
+                .iter()
+                .find(|s| s.name.as_deref() == Some(old))
+                .map(|s| s.role)
+                .ok_or_else(|| anyhow!("{old} is not an active member"))?;
+            let member = open_for_array(export, str_field(request, "path")?)?;
+            array.replace(role, member).await.map_err(err)?;
+        }
+        "check" | "repair" => array.start_scrub(command == "repair").map_err(err)?,
+        "idle" => {
+            array.stop_scrub();
+        }
+        "rebuild-speed" => {
+            let min = request["min"].as_u64().ok_or_else(|| anyhow!("missing \"min\""))?;
+            let max = request["max"].as_u64().ok_or_else(|| anyhow!("missing \"max\""))?;
+            if min == 0 || min > max {
+                bail!("need 0 < min <= max");
+            }
+            export.worker.limits.min_bytes_per_sec.store(min, Ordering::Relaxed);
+            export.worker.limits.max_bytes_per_sec.store(max, Ordering::Relaxed);
+        }
+        "fault" => {
+            let faults =
+                export.open_options.faults.as_ref().ok_or_else(|| anyhow!("fault injection is off (serve --fault-injection)"))?;
+            let member = str_field(request, "member")?;
+            let control = faults.lock().expect("faults lock").get(member).cloned().ok_or_else(|| anyhow!("no member {member}"))?;
+            match str_field(request, "ops")? {
+                "none" => control.disarm(),
+                "reads" => control.fail_after(FaultOps::Reads, 0),
+                "writes" => control.fail_after(FaultOps::Writes, 0),
+                "all" => control.fail_after(FaultOps::All, 0),
+                other => bail!("ops {other:?}: use reads, writes, all or none"),
+            }
+        }
+        other => bail!("unknown command {other:?}"),
+    }
+    export.worker.wake.notify_one();
+    Ok(json!({}))
+}
+
+/// Opens a new member for `export` the way its members were opened.
+fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn Member>> {
+    open_member(path, &export.open_options)
+}
+
+fn status(export: &ControlledExport) -> Value {
+    let array = &export.array;
+    let roles = array.role_status();
+    let maintenance = array.maintenance_status();
+    let failed = roles.iter().filter(|r| r.state != SlotState::InSync).count();
+    let mut state = if failed > 0 { "active, degraded".to_string() } else { "active".to_string() };
+    if let Some(work) = maintenance.current {
+        state.push_str(&format!(", {}", work.name()));
+    }
+    let speed = export.worker.progress.speed_bytes_per_sec.load(Ordering::Relaxed);
+    let work = maintenance.current.map(|work| {
+        let unit_bytes = match work {
+            MaintenanceWork::Recovery { .. } | MaintenanceWork::Replace { .. } => SECTOR_BYTES,
+            _ => array.size_bytes() / maintenance.total.max(1),
+        };
+        let remaining = maintenance.total.saturating_sub(maintenance.done) * unit_bytes;
+        json!({
+            "kind": work.name(),
+            "role": match work { MaintenanceWork::Recovery { role } | MaintenanceWork::Replace { role } => Some(role), _ => None },
+            "done": maintenance.done,
+            "total": maintenance.total,
+            "percent": if maintenance.total > 0 { maintenance.done as f64 * 100.0 / maintenance.total as f64 } else { 0.0 },
+            "speed_bytes_per_sec": speed,
+            "eta_seconds": (speed > 0).then(|| remaining / speed),
+        })
+    });
+    json!({
+        "name": export.name,
+        "level": array.geometry().level().to_string(),
+        "layout": describe_layout(array.geometry()),
+        "size_bytes": array.size_bytes(),
+        "state": state,
+        "roles": roles.iter().map(|r| json!({
+            "role": r.role,
+            "member": r.name,
+            "state": r.state.name(),
+            "recovery_offset_sectors": r.recovery_offset_sectors,
+            "replacement": r.replacement.as_ref().map(|(n, _, done)| json!({"member": n, "done_sectors": done})),
+        })).collect::<Vec<_>>(),
+        "spares": array.spare_status().into_iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "work": work,
+        "resync_pending": maintenance.resync_pending,
+        "mismatch_cnt": maintenance.mismatch_sectors,
+        "last_check": maintenance.last_scrub.map(|(w, c)| json!({"kind": w.name(), "mismatch_cnt": c.mismatch_sectors})),
+        "speed_limits": {
+            "min_bytes_per_sec": export.worker.limits.min_bytes_per_sec.load(Ordering::Relaxed),
+            "max_bytes_per_sec": export.worker.limits.max_bytes_per_sec.load(Ordering::Relaxed),
+        },
+    })
+}

@@ -1,0 +1,121 @@
+//! `raidnbd ctl`: talk to a running server through its control socket.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use crate::cli::{CtlArgs, CtlCommand};
+use crate::control::default_socket;
+use crate::size::human_bytes;
+
+/// Absolute form of a path the server should open (it may run elsewhere).
+fn absolute(path: &str) -> Result<String> {
+    let p = PathBuf::from(path);
+    let abs = if p.exists() { std::fs::canonicalize(&p)? } else { bail!("{path} does not exist") };
+    Ok(abs.to_string_lossy().into_owned())
+}
+
+/// Member names as the server knows them (canonical paths when the file exists here).
+fn member_name(path: &str) -> String {
+    std::fs::canonicalize(path).map_or_else(|_| path.to_string(), |p| p.to_string_lossy().into_owned())
+}
+
+async fn request(socket: &PathBuf, request: Value) -> Result<Value> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("cannot connect to {} (is raidnbd serve running?)", socket.display()))?;
+    let (read, mut write) = stream.into_split();
+    let mut text = request.to_string();
+    text.push('\n');
+    write.write_all(text.as_bytes()).await?;
+    let mut line = String::new();
+    BufReader::new(read).read_line(&mut line).await?;
+    let reply: Value = serde_json::from_str(&line).context("bad reply from the server")?;
+    if reply["ok"] != json!(true) {
+        bail!("{}", reply["error"].as_str().unwrap_or("request failed"));
+    }
+    Ok(reply)
+}
+
+pub async fn run(args: CtlArgs) -> Result<()> {
+    let socket = args.socket.clone().unwrap_or_else(|| default_socket(args.port));
+    let mut req = match &args.command {
+        CtlCommand::Status { .. } => json!({ "command": "status" }),
+        CtlCommand::Fail { member } => json!({ "command": "fail", "member": member_name(member) }),
+        CtlCommand::Remove { member } => json!({ "command": "remove", "member": member_name(member) }),
+        CtlCommand::Add { path } => json!({ "command": "add", "path": absolute(path)? }),
+        CtlCommand::Replace { member, path } => {
+            json!({ "command": "replace", "member": member_name(member), "path": absolute(path)? })
+        }
+        CtlCommand::Check => json!({ "command": "check" }),
+        CtlCommand::Repair => json!({ "command": "repair" }),
+        CtlCommand::Idle => json!({ "command": "idle" }),
+        CtlCommand::RebuildSpeed { min, max } => json!({ "command": "rebuild-speed", "min": min, "max": max }),
+        CtlCommand::Fault { member, ops } => json!({ "command": "fault", "member": member_name(member), "ops": ops }),
+    };
+    if let Some(export) = &args.export {
+        req["export"] = json!(export);
+    }
+    let reply = request(&socket, req).await?;
+    if let CtlCommand::Status { json } = args.command {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&reply["exports"])?);
+        } else {
+            print!("{}", mdstat(&reply["exports"]).ok_or_else(|| anyhow!("bad status reply"))?);
+        }
+    }
+    Ok(())
+}
+
+/// A /proc/mdstat-like view.
+fn mdstat(exports: &Value) -> Option<String> {
+    let mut out = String::new();
+    for e in exports.as_array()? {
+        let roles = e["roles"].as_array()?;
+        let members: Vec<String> = roles
+            .iter()
+            .map(|r| {
+                let name = r["member"].as_str().unwrap_or("-");
+                let flag = match r["state"].as_str() {
+                    Some("faulty") => "(F)",
+                    Some("recovering") => "(R)",
+                    _ => "",
+                };
+                format!("{name}[{}]{flag}", r["role"])
+            })
+            .chain(e["spares"].as_array()?.iter().map(|s| format!("{}(S)", s.as_str().unwrap_or("?"))))
+            .collect();
+        let up: String = roles.iter().map(|r| if r["state"] == "in_sync" { 'U' } else { '_' }).collect();
+        let working = up.chars().filter(|&c| c == 'U').count();
+        out.push_str(&format!("{} : {} {} {}\n", e["name"].as_str()?, e["state"].as_str()?, e["level"].as_str()?, members.join(" ")));
+        out.push_str(&format!(
+            "      {} {} [{}/{working}] [{up}]\n",
+            human_bytes(e["size_bytes"].as_u64()?),
+            e["layout"].as_str()?,
+            roles.len()
+        ));
+        if let Some(w) = e["work"].as_object() {
+            let pct = w["percent"].as_f64().unwrap_or(0.0);
+            let filled = ((pct / 5.0) as usize).min(20);
+            let bar = format!("{}>{}", "=".repeat(filled), ".".repeat(20 - filled));
+            let eta = w["eta_seconds"].as_u64().map_or("?".to_string(), |s| format!("{:.1}min", s as f64 / 60.0));
+            out.push_str(&format!(
+                "      [{bar}]  {} = {pct:.1}% ({}/{}) finish={eta} speed={}/s\n",
+                w["kind"].as_str()?,
+                w["done"],
+                w["total"],
+                human_bytes(w["speed_bytes_per_sec"].as_u64().unwrap_or(0))
+            ));
+        }
+        if let Some(last) = e["last_check"].as_object() {
+            out.push_str(&format!("      last {}: mismatch_cnt {}\n", last["kind"].as_str()?, last["mismatch_cnt"]));
+        }
+        if e["resync_pending"] == json!(true) {
+            out.push_str("      resync pending (unclean stop)\n");
+        }
+    }
+    Some(out)
+}

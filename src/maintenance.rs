@@ -1,0 +1,123 @@
+//! The background worker of one array: drives `Array::maintenance_step` (rebuild,
+//! replace, resync, check/repair), paced between a minimum and a maximum speed like md's
+//! `speed_limit_min/max` (defaults 1 MB/s and 200 MB/s): at full speed while clients are
+//! quiet, at the minimum while they are busy. Logs progress at info level.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use raid_core::Member;
+use raid_core::engine::{Array, MaintenanceWork, Step};
+use tokio::sync::Notify;
+
+use crate::size::human_bytes;
+
+/// md's defaults, in bytes/s.
+pub const DEFAULT_MIN_SPEED: u64 = 1_000_000;
+pub const DEFAULT_MAX_SPEED: u64 = 200_000_000;
+
+/// Bytes per maintenance step (one lock-and-copy unit batch).
+const STEP_BYTES: u64 = 1 << 20;
+
+/// Speed limits, changeable while running (`raidnbd ctl rebuild-speed`).
+pub struct SpeedLimits {
+    pub min_bytes_per_sec: AtomicU64,
+    pub max_bytes_per_sec: AtomicU64,
+}
+
+impl Default for SpeedLimits {
+    fn default() -> Self {
+        Self { min_bytes_per_sec: AtomicU64::new(DEFAULT_MIN_SPEED), max_bytes_per_sec: AtomicU64::new(DEFAULT_MAX_SPEED) }
+    }
+}
+
+/// Progress of the running job, for `ctl status`.
+#[derive(Default)]
+pub struct Progress {
+    /// Bytes per second over the last few seconds.
+    pub speed_bytes_per_sec: AtomicU64,
+}
+
+pub struct Worker {
+    pub limits: Arc<SpeedLimits>,
+    pub progress: Arc<Progress>,
+    pub wake: Arc<Notify>,
+}
+
+/// Starts the worker task for `array` (runs until the process exits).
+pub fn spawn(array: Arc<Array<dyn Member>>, name: String) -> Worker {
+    let limits = Arc::new(SpeedLimits::default());
+    let progress = Arc::new(Progress::default());
+    let wake = Arc::new(Notify::new());
+    let notify = wake.clone();
+    array.set_maintenance_waker(Arc::new(move || notify.notify_one()));
+    let worker = Worker { limits: limits.clone(), progress: progress.clone(), wake: wake.clone() };
+    tokio::spawn(async move { run(array, name, limits, progress, wake).await });
+    worker
+}
+
+async fn run(array: Arc<Array<dyn Member>>, name: String, limits: Arc<SpeedLimits>, progress: Arc<Progress>, wake: Arc<Notify>) {
+    let mut window_start = Instant::now();
+    let mut window_bytes = 0u64;
+    let mut last_client_io = array.client_io_bytes();
+    let mut last_log = Instant::now();
+    let mut started: Option<(MaintenanceWork, Instant)> = None;
+    loop {
+        let step = match array.maintenance_step(STEP_BYTES).await {
+            Ok(step) => step,
+            Err(e) => {
+                tracing::error!(export = %name, error = %e, "background work failed; retrying in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                continue;
+            }
+        };
+        match step {
+            Step::Idle => {
+                progress.speed_bytes_per_sec.store(0, Ordering::Relaxed);
+                let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
+                window_start = Instant::now();
+                window_bytes = 0;
+            }
+            Step::Finished(work) => {
+                let took = started.take().map_or(Duration::ZERO, |(_, t)| t.elapsed());
+                tracing::info!(export = %name, "{} finished in {:.1}s", work.name(), took.as_secs_f64());
+            }
+            Step::Worked { work, bytes } => {
+                if started.is_none_or(|(w, _)| w != work) {
+                    tracing::info!(export = %name, "{} started", work.name());
+                    started = Some((work, Instant::now()));
+                }
+                window_bytes += bytes;
+                let client_io = array.client_io_bytes();
+                let busy = client_io != last_client_io;
+                last_client_io = client_io;
+                let limit = if busy { &limits.min_bytes_per_sec } else { &limits.max_bytes_per_sec };
+                let speed = limit.load(Ordering::Relaxed).max(1);
+                // Sleep until the window's average is at most `speed`.
+                let due = Duration::from_secs_f64(window_bytes as f64 / speed as f64);
+                let elapsed = window_start.elapsed();
+                if due > elapsed {
+                    tokio::time::sleep(due - elapsed).await;
+                }
+                let elapsed = window_start.elapsed().as_secs_f64().max(1e-3);
+                progress.speed_bytes_per_sec.store((window_bytes as f64 / elapsed) as u64, Ordering::Relaxed);
+                if elapsed > 5.0 {
+                    window_start = Instant::now();
+                    window_bytes = 0;
+                }
+                if last_log.elapsed() > Duration::from_secs(10) {
+                    let status = array.maintenance_status();
+                    let pct = if status.total > 0 { status.done as f64 * 100.0 / status.total as f64 } else { 0.0 };
+                    tracing::info!(
+                        export = %name,
+                        "{} {pct:.1}% at {}/s",
+                        work.name(),
+                        human_bytes(progress.speed_bytes_per_sec.load(Ordering::Relaxed))
+                    );
+                    last_log = Instant::now();
+                }
+            }
+        }
+    }
+}
