@@ -77,3 +77,21 @@ pub fn load(path: &Path) -> Result<ConfigFile> {
     }
     Ok(config)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let config: ConfigFile = toml::from_str(include_str!("../deploy/raidnbd.toml")).expect("example config");
+        assert_eq!(config.exports.len(), 2);
+        assert_eq!(config.exports[1].member_bw_bytes().unwrap(), Some(20 << 20));
+        assert_eq!(config.exports[0].io_engine().unwrap(), Some(IoEngine::Auto));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        assert!(toml::from_str::<ConfigFile>("listen = \"127.0.0.1:1\"\n[[export]]\nname=\"a\"\nmembers=[]\ncolour=1").is_err());
+    }
+}
