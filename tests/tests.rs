@@ -4,5 +4,6 @@
 mod util;
 
 mod cli_errors;
+mod crash;
 mod ctl_rebuild;
 mod serve_clients;
