@@ -114,6 +114,10 @@ pub struct CreateArgs {
     /// Overwrite members that already hold a superblock or a filesystem.
     #[arg(short, long)]
     pub force: bool,
+    /// Write-intent bitmap: `internal` (md's format; after a crash only recently written
+    /// regions are resynced) or `none`. Default: internal for redundant arrays of 4 GiB or more.
+    #[arg(long, value_name = "internal|none")]
+    pub bitmap: Option<String>,
     /// Member files or block devices, in role order; `missing` leaves a slot empty.
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<String>,
@@ -279,6 +283,10 @@ pub struct BenchArgs {
     /// Directory for the results (results.md, .csv, .json, .svg, -ratio.svg).
     #[arg(long, default_value = "raidnbd-bench")]
     pub out: PathBuf,
+    /// Measure everything this many times, arrays interleaved, and report the median run
+    /// (with the spread): for noisy or shared machines.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     #[command(flatten)]
     pub io: MemberIoArgs,
 }

@@ -12,7 +12,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::future::try_join_all;
 use raid_core::geometry::{Geometry, Level, ParityLayout, Raid0Layout, Raid10Layout};
-use raid_core::md::{self, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET};
+use raid_core::md::{
+    self, BITMAP_OFFSET_SECTORS, Bitmap, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, bitmap_space_sectors,
+};
 use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
 
 use crate::cli::{CreateArgs, MemberIoArgs};
@@ -98,16 +100,33 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         members_bytes: &members_bytes,
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let meta = md::create(&params, now, &mut random_uuid).map_err(|e| anyhow!("{e}"))?;
+    let mut meta = md::create(&params, now, &mut random_uuid).map_err(|e| anyhow!("{e}"))?;
+    let sizes: Vec<u64> = (0..slots.len())
+        .map(|role| match level {
+            Level::Linear | Level::Raid0 => meta.members[role].data_size,
+            _ => meta.size,
+        })
+        .collect();
+    let geometry = Geometry::new(level, meta.layout, meta.chunk_sectors, &sizes).map_err(|e| anyhow!("{e}"))?;
+    let bitmap = choose_bitmap(&args, &geometry, &mut meta, &members_bytes)?;
 
     let present: Vec<&(String, Arc<dyn Member>)> = slots.iter().flatten().collect();
     assert_eq!(present.len(), meta.members.len(), "one metadata record per present member");
+    let bitmap_image = bitmap.as_ref().map(Bitmap::encode);
     try_join_all(present.iter().zip(&meta.members).enumerate().map(|(index, ((path, member), record))| {
-        let meta = &meta;
+        let (meta, bitmap_image) = (&meta, &bitmap_image);
         async move {
             wipe_member(member.as_ref(), record.data_offset, record.data_size)
                 .await
                 .with_context(|| format!("cannot zero member {path}"))?;
+            if let Some(image) = bitmap_image {
+                let at = SUPERBLOCK_BYTE_OFFSET + BITMAP_OFFSET_SECTORS as u64 * SECTOR_BYTES;
+                member
+                    .write_at(at, AlignedBuf::from_slice(image), false)
+                    .await
+                    .0
+                    .with_context(|| format!("cannot write the bitmap of {path}"))?;
+            }
             let image = AlignedBuf::from_slice(&meta.superblock_for(index).encode());
             member
                 .write_at(SUPERBLOCK_BYTE_OFFSET, image, true)
@@ -119,13 +138,6 @@ pub async fn run(args: CreateArgs) -> Result<()> {
     }))
     .await?;
 
-    let sizes: Vec<u64> = (0..slots.len())
-        .map(|role| match level {
-            Level::Linear | Level::Raid0 => meta.members[role].data_size,
-            _ => meta.size,
-        })
-        .collect();
-    let geometry = Geometry::new(level, meta.layout, meta.chunk_sectors, &sizes).map_err(|e| anyhow!("{e}"))?;
     println!(
         "created {level} array '{name}': {} members, {}, size {} ({} bytes), UUID {}",
         slots.len(),
@@ -134,11 +146,48 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         geometry.array_sectors() * SECTOR_BYTES,
         meta.uuid
     );
+    if let Some(b) = &bitmap {
+        println!("write-intent bitmap: {} chunks of {}", b.chunks(), format_size(u64::from(b.chunk_bytes)));
+    }
     let missing = slots.iter().filter(|s| s.is_none()).count();
     if missing > 0 {
         println!("note: {missing} slot(s) left empty: the array starts degraded");
     }
     Ok(())
+}
+
+/// Arrays at least this large get a write-intent bitmap unless `--bitmap none`.
+const AUTO_BITMAP_BYTES: u64 = 4 << 30;
+
+/// Decides on a write-intent bitmap (md's internal format, 4 KiB after the superblock)
+/// and records it in the metadata.
+fn choose_bitmap(
+    args: &CreateArgs,
+    geometry: &Geometry,
+    meta: &mut md::ArrayMetadata,
+    members_bytes: &[Option<u64>],
+) -> Result<Option<Bitmap>> {
+    let redundant = geometry.max_failures() > 0;
+    let wanted = match args.bitmap.as_deref() {
+        Some("internal") => {
+            if !redundant {
+                bail!("{} has no redundancy: a bitmap has nothing to protect", geometry.level());
+            }
+            true
+        }
+        Some("none") => false,
+        Some(other) => bail!("--bitmap {other}: use internal or none"),
+        None => redundant && geometry.array_sectors() * SECTOR_BYTES >= AUTO_BITMAP_BYTES,
+    };
+    if !wanted {
+        return Ok(None);
+    }
+    let smallest = members_bytes.iter().flatten().min().copied().unwrap_or(0) / SECTOR_BYTES;
+    let space_bytes = bitmap_space_sectors(smallest) * SECTOR_BYTES;
+    let bitmap = Bitmap::new(meta.uuid, geometry.resync_sectors(), space_bytes, meta.events).map_err(|e| anyhow!("{e}"))?;
+    meta.features.insert(FeatureMap::BITMAP_OFFSET);
+    meta.bitmap_offset = BITMAP_OFFSET_SECTORS;
+    Ok(Some(bitmap))
 }
 
 fn default_io() -> MemberIoArgs {

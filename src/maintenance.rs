@@ -17,6 +17,9 @@ use crate::size::human_bytes;
 pub const DEFAULT_MIN_SPEED: u64 = 1_000_000;
 pub const DEFAULT_MAX_SPEED: u64 = 200_000_000;
 
+/// md's bitmap daemon_sleep: idle bitmap chunks are cleared this often.
+const BITMAP_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Bytes per maintenance step (one lock-and-copy unit batch).
 const STEP_BYTES: u64 = 1 << 20;
 
@@ -63,7 +66,16 @@ async fn run(array: Arc<Array<dyn Member>>, name: String, limits: Arc<SpeedLimit
     let mut last_client_io = array.client_io_bytes();
     let mut last_log = Instant::now();
     let mut started: Option<(MaintenanceWork, Instant)> = None;
+    let mut last_sweep = Instant::now();
     loop {
+        if last_sweep.elapsed() >= BITMAP_SWEEP_INTERVAL {
+            last_sweep = Instant::now();
+            match array.intent_sweep().await {
+                Ok(n) if n > 0 => tracing::debug!(export = %name, chunks = n, "bitmap chunks cleared"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(export = %name, error = %e, "bitmap sweep failed"),
+            }
+        }
         let step = match array.maintenance_step(STEP_BYTES).await {
             Ok(step) => step,
             Err(e) => {

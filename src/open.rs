@@ -13,7 +13,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use member_io::{DirectMode, FaultControl, Faulty, OpenOptions, ThrottleConfig, Throttled};
 use raid_core::engine::{Array, Device, RoleMember};
 use raid_core::geometry::{Geometry, Level};
-use raid_core::md::{self, Assembly, Candidate, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
+use raid_core::md::{self, Assembly, BITMAP_STALE, Bitmap, Candidate, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
 use raid_core::md_store::MdStore;
 use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
 
@@ -119,12 +119,44 @@ pub async fn open_array(paths: &[String], options: &MemberOpenOptions, force: bo
         );
         forced_read_only = true;
     }
-    let array = start_array(&assembly, &members)?;
+    let bitmap = read_bitmap(&assembly, &members).await;
+    let array = start_array(&assembly, &members, bitmap)?;
     Ok(OpenedArray { array: Arc::new(array), assembly, paths: paths.to_vec(), forced_read_only })
 }
 
+/// Reads the internal write-intent bitmap from the first member that has a valid one.
+/// A missing or unreadable bitmap is logged and ignored (a crash then costs a full resync).
+async fn read_bitmap(assembly: &Assembly, members: &[Arc<dyn Member>]) -> Option<Bitmap> {
+    let meta = &assembly.metadata;
+    let offset_sectors = i64::from(meta.bitmap_offset()?);
+    for (role, candidate) in assembly.members.iter().enumerate() {
+        let Some(c) = *candidate else { continue };
+        let Some(index) = assembly.member_index_of_candidate(c) else { continue };
+        let start = (SUPERBLOCK_BYTE_OFFSET as i64 + offset_sectors * 512) as u64;
+        let end = meta.members[index].data_offset * SECTOR_BYTES;
+        let len = end.saturating_sub(start).min(MAX_BITMAP_BYTES) / 4096 * 4096;
+        if len == 0 {
+            continue;
+        }
+        let (res, buf) = members[c].read_at(start, AlignedBuf::zeroed(len as usize)).await;
+        if let Err(e) = res {
+            tracing::warn!(role, "cannot read the bitmap: {e}");
+            continue;
+        }
+        match Bitmap::decode(buf.as_slice(), meta.uuid) {
+            Ok(bitmap) => return Some(bitmap),
+            Err(e) => tracing::warn!(role, "{e}"),
+        }
+    }
+    tracing::warn!("the array has an internal bitmap but none could be read: an unclean stop will resync everything");
+    None
+}
+
+/// Bitmaps are at most this large (mdadm reserves up to 128 KiB).
+const MAX_BITMAP_BYTES: u64 = 128 << 10;
+
 /// Builds the engine from an assembly plan and the opened members (by candidate index).
-fn start_array(assembly: &Assembly, members: &[Arc<dyn Member>]) -> Result<Array<dyn Member>> {
+fn start_array(assembly: &Assembly, members: &[Arc<dyn Member>], bitmap: Option<Bitmap>) -> Result<Array<dyn Member>> {
     let meta = &assembly.metadata;
     let roles = assembly.members.len();
     let member_index = |role: usize| assembly.members[role].and_then(|c| assembly.member_index_of_candidate(c));
@@ -161,10 +193,30 @@ fn start_array(assembly: &Assembly, members: &[Arc<dyn Member>]) -> Result<Array
             })
         })
         .collect();
-    let store = MdStore::new(meta.clone(), vec![true; meta.members.len()]);
-    let array = Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean())
+    let mut store = MdStore::new(meta.clone(), vec![true; meta.members.len()]);
+    let mut intent = None;
+    if let Some(bitmap) = bitmap {
+        let chunks = bitmap.chunks();
+        // A bitmap older than the superblocks may have missed writes: trust none of it.
+        let stale = bitmap.events < meta.events || bitmap.state & BITMAP_STALE != 0;
+        let dirty: Vec<u64> = if stale && !meta.is_clean() {
+            tracing::warn!("the write-intent bitmap is stale: resyncing the whole array");
+            (0..chunks).collect()
+        } else {
+            (0..chunks).filter(|&c| bitmap.is_set(c)).collect()
+        };
+        if !meta.is_clean() {
+            tracing::info!("unclean stop: {} of {chunks} bitmap chunks to resync", dirty.len());
+        }
+        intent = Some((bitmap.chunk_sectors(), chunks, dirty));
+        store = store.with_bitmap(bitmap);
+    }
+    let mut array = Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean())
         .map_err(|e| anyhow!("{e}"))?
         .with_spares(spares);
+    if let Some((chunk_sectors, chunks, dirty)) = intent {
+        array = array.with_write_intent(chunk_sectors, chunks, &dirty);
+    }
     if !meta.is_clean() && meta.resync_offset != 0 {
         array.resume_resync_from(meta.resync_offset);
     }

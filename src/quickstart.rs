@@ -25,6 +25,7 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
             size: Some(MEMBER_BYTES),
             name: Some(EXPORT.into()),
             force: false,
+            bitmap: None,
             members: paths.clone(),
         })
         .await?;

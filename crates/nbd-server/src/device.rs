@@ -36,9 +36,14 @@ pub struct DeviceInfo {
     pub rotational: bool,
     /// `NBD_INFO_BLOCK_SIZE`: minimum block (power of two, 1..=65536).
     pub min_block_bytes: u32,
-    /// Preferred block (power of two, >= max(min, 512)), e.g. the RAID stripe width.
+    /// Preferred block (power of two, >= max(min, 512)), e.g. the RAID stripe width. A value
+    /// that is not a power of two (a stripe of 3 data chunks) is advertised as its largest
+    /// power-of-two divisor (the chunk size); 0 means 4096.
     pub preferred_block_bytes: u32,
-    /// Largest READ/WRITE payload accepted (the server caps it at 32 MiB).
+    /// Largest READ/WRITE payload accepted (the server caps it at 32 MiB). The server
+    /// always advertises 32 MiB to clients and splits larger client requests into pieces
+    /// of at most this size (rounded down to `min_block_bytes`), so a device never sees a
+    /// READ/WRITE longer than this. 0 means 32 MiB.
     pub max_payload_bytes: u32,
     /// Human-readable text for `NBD_INFO_DESCRIPTION` and LIST.
     pub description: String,
@@ -120,6 +125,22 @@ impl DeviceError {
     pub fn at(mut self, offset: u64) -> Self {
         self.offset = Some(offset);
         self
+    }
+
+    /// (Added by the protocol owner.) Classifies an OS error the way the NBD spec and
+    /// nbdkit do: ENOSPC/EDQUOT/EFBIG → `NoSpace`, EROFS/EPERM/EACCES → `ReadOnly`,
+    /// EOPNOTSUPP/ENOTSUP → `NotSupported`, EINVAL → `Invalid`, ESHUTDOWN → `ShuttingDown`,
+    /// anything else → `Io`. The message keeps the OS text.
+    pub fn from_io(err: &std::io::Error) -> Self {
+        let kind = match err.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => DeviceErrorKind::NoSpace,
+            Some(libc::EROFS | libc::EPERM | libc::EACCES) => DeviceErrorKind::ReadOnly,
+            Some(libc::EOPNOTSUPP) => DeviceErrorKind::NotSupported,
+            Some(libc::EINVAL) => DeviceErrorKind::Invalid,
+            Some(libc::ESHUTDOWN) => DeviceErrorKind::ShuttingDown,
+            _ => DeviceErrorKind::Io,
+        };
+        Self::new(kind, err.to_string())
     }
 }
 

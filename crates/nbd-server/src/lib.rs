@@ -1,4 +1,65 @@
-//! nbd-server: the NBD protocol, for any [`device::BlockDevice`]. (skeleton: the protocol
-//! owner fills in connection, handshake, transmission, listener.)
+//! nbd-server: a pipelined, multi-connection NBD server for any [`BlockDevice`].
+//!
+//! The crate knows nothing about what it serves: a RAID array, a file ([`FileDevice`]) or
+//! memory ([`MemoryDevice`]) all implement the small [`BlockDevice`] trait.
+//!
+//! # Serving
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use nbd_server::{Export, MemoryDevice, Server, ServerConfig};
+//!
+//! # async fn demo() -> nbd_server::Result<()> {
+//! let disk = Arc::new(MemoryDevice::new(1 << 30));
+//! let server = Server::new(vec![Export::new("disk", disk)], ServerConfig::default())?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:10809").await?;
+//! // Any future works as the shutdown signal; the binary passes SIGTERM/SIGINT.
+//! server.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! - [`device`]: the `BlockDevice` contract; [`memory_device`], [`file_device`]: two
+//!   implementations.
+//! - [`protocol`]: the wire format as pure functions (fuzzed): constants, handshake codec,
+//!   request decoding/validation, reply encoding.
+//! - `handshake`: option haggling up to transmission; `transmission`: the pipelined
+//!   request/reply engine of one connection (a reader that answers ready requests itself,
+//!   tasks for the rest, batched vectored writes); `listener`: [`Server`], accept loop,
+//!   limits and shutdown.
+//! - [`buffer_pool`]: recycled large I/O buffers (no page faults on every 1 MiB read).
+//! - `config`: [`Export`], [`ServerConfig`]; `advertise`: flags and block sizes derived
+//!   from a device; `error`: the crate's [`Error`] and the one device-error → NBD errno map.
+//!
+//! Protocol coverage: fixed newstyle; EXPORT_NAME, ABORT, LIST, INFO, GO, STRUCTURED_REPLY,
+//! LIST/SET_META_CONTEXT (`base:allocation`); STARTTLS → `ERR_POLICY`, EXTENDED_HEADERS →
+//! `ERR_UNSUP`. Commands READ, WRITE, DISC, FLUSH, TRIM, CACHE, WRITE_ZEROES (NO_HOLE,
+//! FAST_ZERO), BLOCK_STATUS; flags FUA, DF, REQ_ONE; simple or structured replies.
 
 pub mod device;
+pub mod file_device;
+pub mod memory_device;
+pub mod protocol;
+
+mod advertise;
+pub mod buffer_pool;
+mod config;
+mod error;
+#[doc(hidden)]
+pub mod fuzzing;
+mod handshake;
+mod listener;
+mod read_buffer;
+mod transmission;
+
+pub use advertise::{Advertised, advertise};
+pub use config::{Export, ServerConfig};
+pub use device::{
+    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, ReadChunk, ZeroFlags,
+};
+pub use error::{Error, Result, device_errno};
+pub use file_device::FileDevice;
+pub use listener::{GenericStream, NbdListener, NbdStream, Server};
+pub use memory_device::MemoryDevice;
+pub use tokio_util::sync::CancellationToken;

@@ -23,6 +23,7 @@ pub mod md;
 pub mod md_store;
 pub mod member;
 pub mod parity;
+pub mod write_cache;
 
 pub use buf::AlignedBuf;
 pub use error::{ErrorKind, RaidError};

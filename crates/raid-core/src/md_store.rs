@@ -13,19 +13,41 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::buf::AlignedBuf;
 use crate::engine::{MetadataStore, StateChange, SuperblockWrite};
 use crate::error::{ErrorKind, RaidError};
-use crate::md::{ArrayMetadata, DevRole, FeatureMap, MAX_DEV, MdUuid, MemberMetadata, SUPERBLOCK_BYTE_OFFSET};
+use crate::md::{ArrayMetadata, Bitmap, DevRole, FeatureMap, MAX_DEV, MdUuid, MemberMetadata, SUPERBLOCK_BYTE_OFFSET};
 
 pub struct MdStore {
     metadata: ArrayMetadata,
     /// Per member record: still part of the array (gets superblock writes).
     present: Vec<bool>,
+    /// The internal write-intent bitmap, when the array has one.
+    bitmap: Option<Bitmap>,
 }
 
 impl MdStore {
     /// `present[i]` says whether `metadata.members[i]` is in the array now.
     pub fn new(metadata: ArrayMetadata, present: Vec<bool>) -> Self {
         assert_eq!(present.len(), metadata.members.len(), "one flag per member record");
-        Self { metadata, present }
+        Self { metadata, present, bitmap: None }
+    }
+
+    /// Keeps `bitmap` (the array's internal bitmap) up to date with the superblocks.
+    pub fn with_bitmap(mut self, bitmap: Bitmap) -> Self {
+        self.bitmap = Some(bitmap);
+        self
+    }
+
+    /// Byte offset of the internal bitmap on every member.
+    fn bitmap_offset_bytes(&self) -> u64 {
+        (SUPERBLOCK_BYTE_OFFSET as i64 + i64::from(self.metadata.bitmap_offset) * 512) as u64
+    }
+
+    fn bitmap_writes(&self) -> Vec<SuperblockWrite> {
+        let Some(bitmap) = &self.bitmap else { return Vec::new() };
+        let image = bitmap.encode();
+        (0..self.metadata.members.len())
+            .filter(|&i| self.present[i])
+            .map(|device| SuperblockWrite { device, offset_bytes: self.bitmap_offset_bytes(), image: AlignedBuf::from_slice(&image) })
+            .collect()
     }
 
     pub fn metadata(&self) -> &ArrayMetadata {
@@ -131,15 +153,36 @@ impl MetadataStore for MdStore {
                 self.metadata.set_role(dev, DevRole::Faulty)?;
                 self.present[device] = false;
             }
+            StateChange::Bitmap { ref set, ref clear } => {
+                // Bit changes rewrite only the bitmap: no new event count (as md).
+                let events = self.metadata.events;
+                let Some(bitmap) = self.bitmap.as_mut() else { return Ok(Vec::new()) };
+                for &c in set {
+                    bitmap.set(c, true);
+                }
+                for &c in clear {
+                    bitmap.set(c, false);
+                }
+                if !clear.is_empty() {
+                    bitmap.events_cleared = events;
+                }
+                return Ok(self.bitmap_writes());
+            }
         }
         self.metadata.bump_events();
         self.metadata.touch_utime(now_secs());
-        Ok((0..self.metadata.members.len())
+        // md writes the bitmap header with the superblock's event count first: a bitmap
+        // behind the superblocks is stale and means a full resync.
+        if let Some(bitmap) = self.bitmap.as_mut() {
+            bitmap.events = self.metadata.events;
+        }
+        let mut writes = self.bitmap_writes();
+        writes.extend((0..self.metadata.members.len())
             .filter(|&i| self.present[i])
             .map(|device| {
                 let image = self.metadata.superblock_for(device).encode();
                 SuperblockWrite { device, offset_bytes: SUPERBLOCK_BYTE_OFFSET, image: AlignedBuf::from_slice(&image) }
-            })
-            .collect())
+            }));
+        Ok(writes)
     }
 }

@@ -443,16 +443,31 @@ impl<M: Member + ?Sized> Array<M> {
         Err(RaidError::io(format!("rebuild write to role {role} failed"), e))
     }
 
-    async fn resync_step(&self, next: u64, max_bytes: u64) -> Result<Step> {
+    async fn resync_step(&self, mut next: u64, max_bytes: u64) -> Result<Step> {
         let work = MaintenanceWork::Resync;
         self.maintenance.lock().current = Some(work);
         let units = self.scrub_units();
+        if let Some(intent) = &self.intent {
+            // With a bitmap, only chunks written around the crash need a resync.
+            let unit_sectors = self.resync_unit_sectors();
+            while next < units && !intent.any_set(next * unit_sectors..(next + 1) * unit_sectors) {
+                next += 1;
+            }
+            self.maintenance.lock().resync_next_unit = Some(next);
+        }
         if next >= units {
             self.maintenance.lock().resync_next_unit = None;
             tracing::info!("resync finished");
             return Ok(Step::Finished(work));
         }
-        let count = self.units_for(max_bytes, self.resync_unit_sectors()).min(units - next);
+        let mut count = self.units_for(max_bytes, self.resync_unit_sectors()).min(units - next);
+        if let Some(intent) = &self.intent {
+            let unit_sectors = self.resync_unit_sectors();
+            count = (next..next + count)
+                .take_while(|u| intent.any_set(u * unit_sectors..(u + 1) * unit_sectors))
+                .count()
+                .max(1) as u64;
+        }
         let counts = self.scrub(next, count, true).await?;
         if counts.mismatch_sectors > 0 {
             tracing::info!(sectors = counts.mismatch_sectors, "resync rewrote inconsistent redundancy");

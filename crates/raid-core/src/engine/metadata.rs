@@ -42,6 +42,8 @@ pub enum StateChange {
     Replaced { old: usize, new: usize },
     /// The device leaves the array (it was faulty or a spare).
     Remove { device: usize },
+    /// Write-intent bitmap bits to set / clear (resync chunks); no new event count.
+    Bitmap { set: Vec<u64>, clear: Vec<u64> },
 }
 
 /// One superblock image to write to a device.

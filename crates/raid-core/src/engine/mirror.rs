@@ -130,6 +130,7 @@ impl<M: Member + ?Sized> Array<M> {
             return Ok(());
         }
         let _guards = self.lock_mirror_range(start_sector, sectors).await;
+        let _intent = self.intent_begin(start_sector..start_sector + sectors).await?;
         let pieces = self.writable_copies(start_sector, sectors)?;
         let runs = coalesce(pieces);
         let results = join_all(runs.iter().map(|run| {
@@ -207,6 +208,7 @@ impl<M: Member + ?Sized> Array<M> {
         while batch_start < end {
             let batch = (end - batch_start).min(ZERO_BATCH_SECTORS);
             let _guards = self.lock_mirror_range(batch_start, batch).await;
+            let _intent = self.intent_begin(batch_start..batch_start + batch).await?;
             let runs = coalesce(self.writable_copies(batch_start, batch)?);
             let results =
                 join_all(runs.iter().map(|r| self.zero_member(r.role, r.member_sector, r.sectors, deallocate))).await;

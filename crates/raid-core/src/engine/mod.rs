@@ -23,6 +23,7 @@
 //! - `flush` makes every completed write durable on every live member; a write with
 //!   `fua` is durable (data and parity) when it completes.
 
+mod intent;
 mod io;
 mod lock_table;
 mod maintenance;
@@ -93,6 +94,8 @@ pub struct Array<M: Member + ?Sized> {
     maintenance: maintenance::MaintenanceState,
     /// Bytes of client I/O so far (rebuild throttling backs off when this moves).
     client_io_bytes: AtomicU64,
+    /// The write-intent bitmap, when the array has one.
+    intent: Option<intent::WriteIntent>,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -154,6 +157,7 @@ impl<M: Member + ?Sized> Array<M> {
             dirty: AtomicBool::new(dirty),
             maintenance: maintenance::MaintenanceState::new(dirty),
             client_io_bytes: AtomicU64::new(0),
+            intent: None,
         })
     }
 
@@ -284,7 +288,12 @@ impl<M: Member + ?Sized> Array<M> {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             let change = match self.resync_checkpoint() {
                 Some(sectors) => StateChange::ResyncProgress { sectors },
-                None => StateChange::Clean,
+                None => {
+                    if self.is_optimal() {
+                        self.intent_clear_all_locked().await;
+                    }
+                    StateChange::Clean
+                }
             };
             self.persist_locked(change).await;
             self.dirty.store(false, Ordering::Release);

@@ -219,6 +219,10 @@ impl<M: Member + ?Sized> Array<M> {
     async fn write_stripes_locked(&self, writes: &[StripeWrite], src: WriteSource<'_>, fua: bool) -> Result<()> {
         let pg = self.parity_geometry();
         let layouts: Vec<StripeLayout> = writes.iter().map(|w| pg.stripe(w.stripe)).collect();
+        let (Some(first), Some(last)) = (writes.first(), writes.last()) else { return Ok(()) };
+        let _intent = self
+            .intent_begin(pg.stripe_member_sector(first.stripe)..pg.stripe_member_sector(last.stripe + 1))
+            .await?;
         for _attempt in 0..=self.slots.len() {
             let mut jobs = self.plan_jobs(writes, &layouts)?;
             let layouts_ref = &layouts;
@@ -431,6 +435,7 @@ impl<M: Member + ?Sized> Array<M> {
         while stripe < end_full {
             let n = (end_full - stripe).min(ZERO_BATCH_STRIPES);
             let _guards = self.locks.lock_all(stripe..stripe + n).await;
+            let _intent = self.intent_begin(stripe * chunk..(stripe + n) * chunk).await?;
             let roles: Vec<usize> = (0..self.slots.len()).filter(|&r| self.slots[r].is_writable()).collect();
             let results =
                 join_all(roles.iter().map(|&r| self.zero_member(r, stripe * chunk, n * chunk, deallocate))).await;

@@ -18,6 +18,7 @@
 //! would write (except: clean at create, see [`create()`]); assembly follows md's event-count rules.
 
 mod assemble;
+mod bitmap;
 mod checksum;
 mod create;
 mod data_offset;
@@ -28,6 +29,7 @@ mod superblock;
 mod uuid;
 
 pub use assemble::{Assembly, Candidate, assemble};
+pub use bitmap::{BITMAP_STALE, Bitmap, DEFAULT_BITMAP_CHUNK_BYTES};
 pub use checksum::{SB_CSUM_OFFSET, sb_checksum};
 pub use create::{CreateParams, DEFAULT_CHUNK_SECTORS, create};
 pub use data_offset::{

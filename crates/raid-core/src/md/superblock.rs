@@ -430,12 +430,6 @@ impl Superblock {
     /// Things decode accepted that raidnbd does not act on yet, for the operator's log.
     pub fn notices(&self) -> Vec<String> {
         let mut notices = Vec::new();
-        if let Some(offset) = self.bitmap_offset() {
-            notices.push(format!(
-                "internal write-intent bitmap at {offset:+} sectors from the superblock is not used by raidnbd yet \
-                 (an unclean shutdown needs a full resync)"
-            ));
-        }
         if self.feature_map.contains(FeatureMap::BAD_BLOCKS) {
             notices.push(format!(
                 "bad-block list is not empty ({} sectors at {:+} from the superblock); raidnbd does not consult it yet",

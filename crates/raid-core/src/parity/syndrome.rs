@@ -2,11 +2,11 @@
 //! single pass over memory, with the result handed to a [`Sink`] still in registers.
 //!
 //! ```text
-//!   sources (descending exponent)     registers              Finish (what the caller wants)
-//!   S0 ──┐                            p = ⊕ S_k              Store        P, Q
-//!   S1 ──┼─ per 128/256-byte column ─▶ q = g^gap·q ⊕ S_k  ──▶ Accumulate   P ^= p, Q ^= q
-//!   …  ──┘                            q = g^tail·q           Check        P == p, Q == q
-//!                                                            Recover*     lost blocks from p, q, P, Q
+//!  sources, by descending exponent     per column of 4 registers    Finish (what the caller wants)
+//!  S0 ──┐                              p = ⊕ S_k                    Store       P = p, Q = q
+//!  S1 ──┼────────────────────────────▶ q = g^gap·q ⊕ S_k ─────────▶ Accumulate  P ^= p, Q ^= q
+//!  …  ──┘                              q = g^tail·q                 Check       P == p, Q == q
+//!                                                                   Recover*    lost blocks from p, q, P, Q
 //! ```
 //!
 //! With exponents 0..m−1 the gaps are all 1 and this is exactly Linux `lib/raid6/int.uc`

@@ -16,7 +16,7 @@ use event_listener::Event;
 
 /// Bytes charged per cached write on top of its data: the index entries that can point into
 /// it (up to two after one split), the chunk and `Arc` headers.
-pub(crate) const CHUNK_OVERHEAD_BYTES: u64 = 256;
+pub const CHUNK_OVERHEAD_BYTES: u64 = 256;
 
 pub(crate) struct Budget {
     capacity_bytes: u64,

@@ -61,12 +61,9 @@ impl ExtentMap {
         self.dirty_bytes
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_offset.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_offset.is_empty()
     }
 
     /// Inserts `extent` at `offset`, replacing whatever it overlaps.
@@ -76,11 +73,15 @@ impl ExtentMap {
     }
 
     /// Removes the parts of `[start, end)` whose generation satisfies `remove`; the others stay.
+    /// Extents that are kept are not split.
     pub fn remove_where(&mut self, start: u64, end: u64, remove: impl Fn(u64) -> bool) {
-        for (offset, piece) in self.carve(start, end) {
-            if !remove(piece.generation) {
-                self.put(offset, piece);
-            }
+        let doomed: Vec<(u64, u64)> = self
+            .overlapping(start, end)
+            .filter(|(_, e)| remove(e.generation))
+            .map(|(o, e)| (o.max(start), (o + e.len_bytes).min(end)))
+            .collect();
+        for (from, to) in doomed {
+            drop(self.carve(from, to));
         }
     }
 

@@ -32,6 +32,7 @@ impl RangeLocks {
         debug_assert!(removed.is_some(), "range lock at {start} was not held");
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }

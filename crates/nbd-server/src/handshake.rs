@@ -1,0 +1,318 @@
+//! The handshake phase: greeting, client flags, option haggling, until transmission starts
+//! (EXPORT_NAME or GO), the client aborts, or something ends the connection.
+//!
+//! Generic over the stream so that STARTTLS can later swap `S` for a TLS stream (today
+//! STARTTLS is answered `ERR_POLICY`). Option data is capped at
+//! [`MAX_OPTION_DATA_BYTES`]; a longer option is skipped without buffering and refused
+//! with `ERR_TOO_BIG`. The caller bounds the whole phase with the handshake timeout.
+//!
+//! Behaviour per option (see `nbd-protocol.md` §1.4):
+//!
+//! | option | answer |
+//! |---|---|
+//! | EXPORT_NAME | size + flags (+124 zeroes unless NO_ZEROES); unknown export ⇒ close |
+//! | ABORT | ACK, then close |
+//! | LIST | one SERVER per export, ACK |
+//! | STARTTLS | ERR_POLICY (TLS not configured) |
+//! | INFO / GO | INFO(EXPORT, BLOCK_SIZE, NAME/DESCRIPTION if asked), ACK; unknown ⇒ ERR_UNKNOWN |
+//! | STRUCTURED_REPLY | ACK once, ERR_INVALID when repeated |
+//! | LIST/SET_META_CONTEXT | `base:allocation`; ERR_INVALID before STRUCTURED_REPLY |
+//! | EXTENDED_HEADERS, unknown | ERR_UNSUP echoing the option |
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::advertise::{Advertised, advertise};
+use crate::config::Export;
+use crate::error::{Error, Result};
+use crate::protocol::consts::{BASE_ALLOCATION, BASE_ALLOCATION_ID, MAX_OPTION_DATA_BYTES, info, opt, rep};
+use crate::protocol::handshake_codec::{
+    ClientFlags, ClientOption, ExportQuery, MetaContextQuery, OPTION_HEADER_LEN, decode_client_flags,
+    decode_option_header, encode_greeting, info_block_size_data, info_export_data, info_text_data,
+    meta_context_reply_data, parse_option, put_export_name_reply, put_option_error, put_option_reply,
+    server_reply_data,
+};
+use crate::read_buffer::{discard, fill, fill_exact};
+
+/// The result of a successful negotiation.
+#[derive(Debug)]
+pub(crate) struct Negotiated {
+    pub export_index: usize,
+    pub advertised: Advertised,
+    pub structured_replies: bool,
+    /// `base:allocation` was selected for the export that was entered.
+    pub meta_context_selected: bool,
+}
+
+/// How the handshake ended without an error.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Transmission(Negotiated),
+    /// ABORT, a clean close between options, or server shutdown.
+    Closed,
+}
+
+/// Finds the export a client means; `""` is the export named `""`, else the first one.
+pub(crate) fn find_export(exports: &[Export], name: &str) -> Option<usize> {
+    exports.iter().position(|e| e.name == name).or(if name.is_empty() && !exports.is_empty() { Some(0) } else { None })
+}
+
+/// Negotiation state that options change.
+#[derive(Default)]
+struct State {
+    flags: ClientFlags,
+    structured_replies: bool,
+    /// Export index for which `base:allocation` is selected.
+    meta_context_export: Option<usize>,
+}
+
+/// Runs the handshake on `stream`. Bytes the client sent after the final option stay in
+/// `buf` for the transmission phase.
+pub(crate) async fn negotiate<S>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    exports: &[Export],
+    shutdown: &CancellationToken,
+) -> Result<Outcome>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_all(&encode_greeting()).await?;
+    stream.flush().await?;
+
+    let mut state = State::default();
+    if !fill(stream, buf, 4).await? {
+        return Ok(Outcome::Closed);
+    }
+    state.flags = decode_client_flags(buf)?.expect("4 bytes buffered");
+    buf.advance(4);
+    debug!(fixed_newstyle = state.flags.fixed_newstyle, no_zeroes = state.flags.no_zeroes, "client flags");
+
+    let mut out = BytesMut::with_capacity(4096);
+    loop {
+        let more = tokio::select! {
+            biased;
+            _ = shutdown.cancelled(), if buf.is_empty() => return Ok(Outcome::Closed),
+            more = fill(stream, buf, OPTION_HEADER_LEN) => more?,
+        };
+        if !more {
+            return Ok(Outcome::Closed);
+        }
+        let header = decode_option_header(buf)?.expect("header buffered");
+        buf.advance(OPTION_HEADER_LEN);
+        debug!(option = header.code, data_len = header.data_len, "option");
+
+        if !state.flags.fixed_newstyle && header.code != opt::EXPORT_NAME {
+            return Err(Error::protocol("non-fixed-newstyle client sent an option other than EXPORT_NAME"));
+        }
+        out.clear();
+        if header.data_len > MAX_OPTION_DATA_BYTES {
+            discard(stream, buf, u64::from(header.data_len)).await?;
+            if header.code == opt::EXPORT_NAME {
+                return Err(Error::protocol("EXPORT_NAME longer than any export name"));
+            }
+            put_option_error(&mut out, header.code, rep::ERR_TOO_BIG, "option data too long");
+            stream.write_all(&out).await?;
+            continue;
+        }
+        let data_len = header.data_len as usize;
+        fill_exact(stream, buf, data_len).await?;
+        let data = buf.split_to(data_len);
+
+        if shutdown.is_cancelled() && header.code != opt::ABORT {
+            if header.code == opt::EXPORT_NAME {
+                return Ok(Outcome::Closed);
+            }
+            put_option_error(&mut out, header.code, rep::ERR_SHUTDOWN, "server is shutting down");
+            stream.write_all(&out).await?;
+            continue;
+        }
+
+        let option = match parse_option(header.code, &data) {
+            Ok(option) => option,
+            Err(refusal) => {
+                if header.code == opt::EXPORT_NAME {
+                    return Err(Error::protocol(format!("unusable EXPORT_NAME: {}", refusal.message)));
+                }
+                if header.code == opt::SET_META_CONTEXT {
+                    state.meta_context_export = None;
+                }
+                put_option_error(&mut out, header.code, refusal.reply_type, &refusal.message);
+                stream.write_all(&out).await?;
+                continue;
+            }
+        };
+
+        let step = handle_option(header.code, option, &mut state, exports, &mut out)?;
+        stream.write_all(&out).await?;
+        match step {
+            Step::Continue => {}
+            Step::Close => {
+                stream.flush().await?;
+                return Ok(Outcome::Closed);
+            }
+            Step::Transmission(negotiated) => {
+                stream.flush().await?;
+                return Ok(Outcome::Transmission(negotiated));
+            }
+        }
+    }
+}
+
+enum Step {
+    Continue,
+    Close,
+    Transmission(Negotiated),
+}
+
+/// Answers one parsed option into `out`.
+fn handle_option(
+    code: u32,
+    option: ClientOption,
+    state: &mut State,
+    exports: &[Export],
+    out: &mut BytesMut,
+) -> Result<Step> {
+    match option {
+        ClientOption::ExportName(name) => {
+            let Some(index) = find_export(exports, &name) else { return Err(Error::UnknownExport(name)) };
+            let negotiated = enter(index, state, exports);
+            let a = &negotiated.advertised;
+            put_export_name_reply(out, a.size_bytes, a.transmission_flags, state.flags.no_zeroes);
+            Ok(Step::Transmission(negotiated))
+        }
+        ClientOption::Abort => {
+            put_option_reply(out, code, rep::ACK, &[]);
+            Ok(Step::Close)
+        }
+        ClientOption::List => {
+            for export in exports {
+                put_option_reply(
+                    out,
+                    code,
+                    rep::SERVER,
+                    &server_reply_data(&export.name, &export.effective_description()),
+                );
+            }
+            put_option_reply(out, code, rep::ACK, &[]);
+            Ok(Step::Continue)
+        }
+        ClientOption::StartTls => {
+            put_option_error(out, code, rep::ERR_POLICY, "TLS is not configured on this server");
+            Ok(Step::Continue)
+        }
+        ClientOption::Info(query) => {
+            answer_info(code, &query, state, exports, out);
+            Ok(Step::Continue)
+        }
+        ClientOption::Go(query) => match answer_info(code, &query, state, exports, out) {
+            Some(index) => Ok(Step::Transmission(enter(index, state, exports))),
+            None => Ok(Step::Continue),
+        },
+        ClientOption::StructuredReply => {
+            if state.structured_replies {
+                put_option_error(out, code, rep::ERR_INVALID, "structured replies already negotiated");
+            } else {
+                state.structured_replies = true;
+                put_option_reply(out, code, rep::ACK, &[]);
+            }
+            Ok(Step::Continue)
+        }
+        ClientOption::ListMetaContext(query) => {
+            answer_meta_context(code, &query, false, state, exports, out);
+            Ok(Step::Continue)
+        }
+        ClientOption::SetMetaContext(query) => {
+            answer_meta_context(code, &query, true, state, exports, out);
+            Ok(Step::Continue)
+        }
+        ClientOption::ExtendedHeaders => {
+            put_option_error(out, code, rep::ERR_UNSUP, "extended headers are not supported");
+            Ok(Step::Continue)
+        }
+        ClientOption::Unknown(code) => {
+            put_option_error(out, code, rep::ERR_UNSUP, "unknown option");
+            Ok(Step::Continue)
+        }
+    }
+}
+
+/// The negotiation result for entering export `index`.
+fn enter(index: usize, state: &State, exports: &[Export]) -> Negotiated {
+    let info = exports[index].device.info();
+    Negotiated {
+        export_index: index,
+        advertised: advertise(&info, state.structured_replies),
+        structured_replies: state.structured_replies,
+        meta_context_selected: state.structured_replies && state.meta_context_export == Some(index),
+    }
+}
+
+/// Answers INFO or GO; returns the export index on success (ACK sent).
+fn answer_info(code: u32, query: &ExportQuery, state: &State, exports: &[Export], out: &mut BytesMut) -> Option<usize> {
+    let Some(index) = find_export(exports, &query.name) else {
+        put_option_error(out, code, rep::ERR_UNKNOWN, &format!("no export named {:?}", query.name));
+        return None;
+    };
+    let export = &exports[index];
+    let a = advertise(&export.device.info(), state.structured_replies);
+    put_option_reply(out, code, rep::INFO, &info_export_data(a.size_bytes, a.transmission_flags));
+    // Block sizes are sent unasked: a client that did not ask is not bound by them.
+    put_option_reply(
+        out,
+        code,
+        rep::INFO,
+        &info_block_size_data(a.min_block_bytes, a.preferred_block_bytes, a.max_payload_bytes),
+    );
+    if query.info_requests.contains(&info::NAME) {
+        put_option_reply(out, code, rep::INFO, &info_text_data(info::NAME, &export.name));
+    }
+    if query.info_requests.contains(&info::DESCRIPTION) {
+        let description = export.effective_description();
+        put_option_reply(out, code, rep::INFO, &info_text_data(info::DESCRIPTION, &description));
+    }
+    put_option_reply(out, code, rep::ACK, &[]);
+    Some(index)
+}
+
+/// Answers LIST_META_CONTEXT (`select = false`) or SET_META_CONTEXT (`select = true`).
+fn answer_meta_context(
+    code: u32,
+    query: &MetaContextQuery,
+    select: bool,
+    state: &mut State,
+    exports: &[Export],
+    out: &mut BytesMut,
+) {
+    if select {
+        // SET replaces the active set even when it fails.
+        state.meta_context_export = None;
+    }
+    if !state.structured_replies {
+        put_option_error(out, code, rep::ERR_INVALID, "negotiate structured replies first");
+        return;
+    }
+    let Some(index) = find_export(exports, &query.export_name) else {
+        put_option_error(out, code, rep::ERR_UNKNOWN, &format!("no export named {:?}", query.export_name));
+        return;
+    };
+    if let Some(bad) = query.queries.iter().find(|q| !q.contains(':')) {
+        put_option_error(out, code, rep::ERR_INVALID, &format!("query {bad:?} has no namespace"));
+        return;
+    }
+    let matches = if select {
+        query.queries.iter().any(|q| q == BASE_ALLOCATION)
+    } else {
+        query.queries.is_empty() || query.queries.iter().any(|q| q == BASE_ALLOCATION || q == "base:")
+    };
+    if matches {
+        let id = if select { BASE_ALLOCATION_ID } else { 0 };
+        put_option_reply(out, code, rep::META_CONTEXT, &meta_context_reply_data(id, BASE_ALLOCATION));
+        if select {
+            state.meta_context_export = Some(index);
+        }
+    }
+    put_option_reply(out, code, rep::ACK, &[]);
+}

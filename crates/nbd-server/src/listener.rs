@@ -1,0 +1,300 @@
+//! The public server: accepts connections, runs each through handshake and transmission,
+//! and shuts down cleanly.
+//!
+//! Lifecycle (mini-redis `Listener`/`Handler` shape):
+//!
+//! ```text
+//! Server::serve(listener, shutdown)
+//!   loop: accept ─▶ connection slot free? ─ no ─▶ close at once
+//!                          │ yes
+//!                          ▼
+//!          spawn: handshake (timeout) ─▶ transmission ─▶ close
+//!   shutdown fires ─▶ stop accepting; connections stop reading requests, finish those
+//!                     in flight and close (grace period, then abort) ─▶ flush every
+//!                     export's device ─▶ return
+//! ```
+//!
+//! The stream type is generic ([`NbdStream`]) so TLS can be layered in later; TCP and
+//! Unix sockets are provided ([`NbdListener`]).
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, debug_span, info, warn};
+
+use crate::config::{Export, ServerConfig, validate_exports};
+use crate::error::{Error, Result};
+use crate::handshake::{Outcome, negotiate};
+use crate::transmission::{self, Transmission};
+
+/// A byte stream an NBD connection can run on, splittable into independent halves so
+/// that one task reads requests while another writes replies.
+pub trait NbdStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    type ReadHalf: AsyncRead + Unpin + Send + 'static;
+    type WriteHalf: AsyncWrite + Unpin + Send + 'static;
+    fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf);
+}
+
+impl NbdStream for TcpStream {
+    type ReadHalf = tokio::net::tcp::OwnedReadHalf;
+    type WriteHalf = tokio::net::tcp::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf) {
+        self.into_split()
+    }
+}
+
+impl NbdStream for UnixStream {
+    type ReadHalf = tokio::net::unix::OwnedReadHalf;
+    type WriteHalf = tokio::net::unix::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf) {
+        self.into_split()
+    }
+}
+
+/// Any other stream (e.g. a future TLS stream), split with `tokio::io::split`.
+pub struct GenericStream<S>(pub S);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for GenericStream<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for GenericStream<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> NbdStream for GenericStream<S> {
+    type ReadHalf = tokio::io::ReadHalf<S>;
+    type WriteHalf = tokio::io::WriteHalf<S>;
+    fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf) {
+        tokio::io::split(self.0)
+    }
+}
+
+/// A source of incoming connections.
+pub trait NbdListener: Send {
+    type Stream: NbdStream;
+    /// Accepts one connection and describes the peer (for logs).
+    fn accept_stream(&self) -> impl Future<Output = io::Result<(Self::Stream, String)>> + Send;
+}
+
+impl NbdListener for TcpListener {
+    type Stream = TcpStream;
+    async fn accept_stream(&self) -> io::Result<(TcpStream, String)> {
+        let (stream, peer) = self.accept().await?;
+        // Replies are batched by the writer; Nagle would only add latency.
+        stream.set_nodelay(true)?;
+        Ok((stream, peer.to_string()))
+    }
+}
+
+impl NbdListener for UnixListener {
+    type Stream = UnixStream;
+    async fn accept_stream(&self) -> io::Result<(UnixStream, String)> {
+        let (stream, peer) = self.accept().await?;
+        let peer = peer.as_pathname().map(|p| p.display().to_string()).unwrap_or_else(|| "unix".to_string());
+        Ok((stream, peer))
+    }
+}
+
+/// An NBD server for a fixed set of exports.
+///
+/// Cheap to clone; clones share exports, limits and the connection and byte budgets, so
+/// one server can listen on TCP and a Unix socket at once (call [`Server::serve`] twice).
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    exports: Vec<Export>,
+    config: ServerConfig,
+    connection_slots: Arc<Semaphore>,
+    in_flight_bytes: Arc<Semaphore>,
+    next_connection_id: AtomicU64,
+}
+
+impl Server {
+    /// Checks the exports (unique, valid names; at least one) and the limits.
+    pub fn new(exports: Vec<Export>, config: ServerConfig) -> Result<Self> {
+        config.validate()?;
+        validate_exports(&exports)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                connection_slots: Arc::new(Semaphore::new(config.max_connections)),
+                in_flight_bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes)),
+                exports,
+                config,
+                next_connection_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    pub fn exports(&self) -> &[Export] {
+        &self.inner.exports
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    /// Serves connections from `listener` until `shutdown` completes, then stops
+    /// accepting, lets connections finish the requests in flight (up to
+    /// `shutdown_grace`), flushes every export's device and returns.
+    pub async fn serve<L, F>(&self, listener: L, shutdown: F) -> Result<()>
+    where
+        L: NbdListener,
+        F: Future<Output = ()> + Send,
+    {
+        let token = CancellationToken::new();
+        let mut connections = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                accepted = listener.accept_stream() => match accepted {
+                    Ok((stream, peer)) => match self.inner.connection_slots.clone().try_acquire_owned() {
+                        Ok(slot) => {
+                            let server = self.clone();
+                            let token = token.child_token();
+                            connections.spawn(async move { server.run_connection(stream, peer, token, slot).await });
+                        }
+                        Err(_) => warn!(%peer, limit = self.inner.config.max_connections, "connection limit reached; closing"),
+                    },
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+        // Close the listening socket now, so connections queued in the backlog are refused
+        // rather than left waiting for the drain.
+        drop(listener);
+        info!(connections = connections.len(), "shutting down: draining connections");
+        token.cancel();
+        let drained = tokio::time::timeout(self.inner.config.shutdown_grace, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!(left = connections.len(), "shutdown grace period over; dropping connections");
+            connections.shutdown().await;
+        }
+        self.flush_all().await
+    }
+
+    /// Flushes every export's device (done at the end of [`Server::serve`]).
+    pub async fn flush_all(&self) -> Result<()> {
+        let mut first_error = None;
+        for export in &self.inner.exports {
+            if let Err(e) = export.device.flush().await {
+                warn!(export = %export.name, error = %e, "flush at shutdown failed");
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            None => Ok(()),
+            Some(e) => Err(Error::Io(io::Error::other(e))),
+        }
+    }
+
+    /// Runs one already-accepted connection to its end (handshake, then transmission).
+    /// `shutdown` asks it to stop reading new requests and finish. Useful for socket
+    /// activation or tests; [`Server::serve`] calls it for every accepted connection
+    /// (without the connection limit, which `serve` applies).
+    pub async fn serve_connection<S: NbdStream>(&self, stream: S, shutdown: CancellationToken) -> Result<()> {
+        let id = self.inner.next_connection_id.fetch_add(1, Ordering::Relaxed);
+        self.connection(stream, shutdown).instrument(debug_span!("connection", id)).await
+    }
+
+    async fn run_connection<S: NbdStream>(
+        &self,
+        stream: S,
+        peer: String,
+        shutdown: CancellationToken,
+        _slot: OwnedSemaphorePermit,
+    ) {
+        let id = self.inner.next_connection_id.fetch_add(1, Ordering::Relaxed);
+        let span = debug_span!("connection", id, %peer);
+        async {
+            debug!("accepted");
+            match self.connection(stream, shutdown).await {
+                Ok(()) => debug!("closed"),
+                Err(e @ (Error::Protocol(_) | Error::UnknownExport(_) | Error::HandshakeTimeout(_))) => {
+                    warn!(error = %e, "connection dropped");
+                }
+                Err(e) => debug!(error = %e, "connection ended with an error"),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn connection<S: NbdStream>(&self, mut stream: S, shutdown: CancellationToken) -> Result<()> {
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        let timeout = self.inner.config.handshake_timeout;
+        let outcome = tokio::time::timeout(timeout, negotiate(&mut stream, &mut buf, &self.inner.exports, &shutdown))
+            .await
+            .map_err(|_| Error::HandshakeTimeout(timeout))??;
+        let negotiated = match outcome {
+            Outcome::Closed => return Ok(()),
+            Outcome::Transmission(negotiated) => negotiated,
+        };
+        let export = &self.inner.exports[negotiated.export_index];
+        debug!(
+            export = %export.name,
+            size = negotiated.advertised.size_bytes,
+            flags = negotiated.advertised.transmission_flags,
+            structured = negotiated.structured_replies,
+            meta_context = negotiated.meta_context_selected,
+            "transmission"
+        );
+        let (reader, writer) = stream.into_halves();
+        let t = Transmission {
+            device: export.device.clone(),
+            advertised: negotiated.advertised,
+            structured_replies: negotiated.structured_replies,
+            meta_context_selected: negotiated.meta_context_selected,
+            in_flight_bytes: self.inner.in_flight_bytes.clone(),
+            max_requests: self.inner.config.max_requests_per_connection,
+            shutdown,
+        };
+        transmission::run(reader, writer, buf, t).await
+    }
+}

@@ -1,0 +1,9 @@
+//! The NBD wire format, free of I/O: constants, handshake codec, request decoding and
+//! validation, reply encoding. Everything here is a pure function over byte buffers
+//! (check-then-parse), which is what the fuzz targets drive.
+
+pub mod consts;
+pub mod handshake_codec;
+pub mod read_reply;
+pub mod reply;
+pub mod request;

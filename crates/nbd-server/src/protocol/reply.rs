@@ -1,0 +1,356 @@
+//! Transmission replies: encoders into a [`Reply`] of segments, plus small decoders.
+//!
+//! A reply is a list of [`Segment`]s so that READ data travels from the device to the
+//! socket without a copy: headers are small inline arrays, data is the device's `Bytes`,
+//! and zero runs are written from a static zero page. The writer (`transmission.rs`) turns
+//! the segments of many replies into one vectored write.
+//!
+//! The decoders at the bottom ([`decode_simple_reply`], [`decode_chunk_header`]) are pure
+//! and used by the raw-socket tests and the fuzz round-trip.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::consts::{BASE_ALLOCATION_ID, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, reply_flags, reply_type};
+
+/// Length of a simple reply header.
+pub const SIMPLE_REPLY_LEN: usize = 16;
+/// Length of a structured reply chunk header.
+pub const CHUNK_HEADER_LEN: usize = 20;
+/// Inline segments hold at most this many bytes (largest: chunk header + hole payload).
+pub const INLINE_MAX: usize = 32;
+
+/// Bytes of a small header, stored inline to avoid an allocation per reply.
+#[derive(Clone, Copy)]
+pub struct Inline {
+    len: u8,
+    buf: [u8; INLINE_MAX],
+}
+
+impl Inline {
+    fn new(bytes: &[u8]) -> Self {
+        debug_assert!(bytes.len() <= INLINE_MAX);
+        let mut buf = [0u8; INLINE_MAX];
+        buf[..bytes.len()].copy_from_slice(bytes);
+        Self { len: bytes.len() as u8, buf }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len as usize]
+    }
+}
+
+impl std::fmt::Debug for Inline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Inline({:02x?})", self.as_slice())
+    }
+}
+
+/// One contiguous piece of a reply on the wire.
+#[derive(Debug, Clone)]
+pub enum Segment {
+    Inline(Inline),
+    Data(Bytes),
+    /// This many zero bytes.
+    Zeroes(usize),
+}
+
+impl Segment {
+    pub fn len(&self) -> usize {
+        match self {
+            Segment::Inline(i) => i.len as usize,
+            Segment::Data(b) => b.len(),
+            Segment::Zeroes(n) => *n,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Everything sent for one request, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Reply {
+    pub segments: Vec<Segment>,
+}
+
+impl Reply {
+    pub fn with_capacity(segments: usize) -> Self {
+        Self { segments: Vec::with_capacity(segments) }
+    }
+
+    pub fn wire_len(&self) -> usize {
+        self.segments.iter().map(Segment::len).sum()
+    }
+
+    fn push_inline(&mut self, bytes: &[u8]) {
+        self.segments.push(Segment::Inline(Inline::new(bytes)));
+    }
+
+    /// Appends a data segment, dropping empty ones.
+    pub fn push_data(&mut self, data: Bytes) {
+        if !data.is_empty() {
+            self.segments.push(Segment::Data(data));
+        }
+    }
+
+    pub fn push_zeroes(&mut self, len: usize) {
+        if len > 0 {
+            self.segments.push(Segment::Zeroes(len));
+        }
+    }
+
+    /// Flattens the segments (tests and debugging; the writer never does this).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.wire_len());
+        for segment in &self.segments {
+            match segment {
+                Segment::Inline(i) => out.extend_from_slice(i.as_slice()),
+                Segment::Data(b) => out.extend_from_slice(b),
+                Segment::Zeroes(n) => out.resize(out.len() + n, 0),
+            }
+        }
+        out
+    }
+
+    /// Simple reply header (the READ data, if any, is pushed after it by the caller).
+    pub fn push_simple(&mut self, cookie: u64, error: u32) {
+        let mut b = [0u8; SIMPLE_REPLY_LEN];
+        b[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+        b[4..8].copy_from_slice(&error.to_be_bytes());
+        b[8..16].copy_from_slice(&cookie.to_be_bytes());
+        self.push_inline(&b);
+    }
+
+    /// `NBD_REPLY_TYPE_NONE` with DONE: success of a non-READ command or end of a READ.
+    pub fn push_none_done(&mut self, cookie: u64) {
+        self.push_inline(&chunk_header(reply_flags::DONE, reply_type::NONE, cookie, 0));
+    }
+
+    /// Header of an `OFFSET_DATA` chunk carrying `data_len` bytes; the caller pushes the data.
+    pub fn push_offset_data_header(&mut self, done: bool, cookie: u64, offset: u64, data_len: u32) {
+        debug_assert!(data_len > 0 && data_len <= u32::MAX - 8);
+        let mut b = [0u8; CHUNK_HEADER_LEN + 8];
+        b[..CHUNK_HEADER_LEN].copy_from_slice(&chunk_header(
+            done_flag(done),
+            reply_type::OFFSET_DATA,
+            cookie,
+            data_len + 8,
+        ));
+        b[CHUNK_HEADER_LEN..].copy_from_slice(&offset.to_be_bytes());
+        self.push_inline(&b);
+    }
+
+    /// An `OFFSET_HOLE` chunk.
+    pub fn push_offset_hole(&mut self, done: bool, cookie: u64, offset: u64, hole_len: u32) {
+        debug_assert!(hole_len > 0);
+        let mut b = [0u8; CHUNK_HEADER_LEN + 12];
+        b[..CHUNK_HEADER_LEN].copy_from_slice(&chunk_header(done_flag(done), reply_type::OFFSET_HOLE, cookie, 12));
+        b[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + 8].copy_from_slice(&offset.to_be_bytes());
+        b[CHUNK_HEADER_LEN + 8..].copy_from_slice(&hole_len.to_be_bytes());
+        self.push_inline(&b);
+    }
+
+    /// A final error chunk: `ERROR_OFFSET` when `offset` is known, else `ERROR`.
+    pub fn push_error_chunk(&mut self, cookie: u64, error: u32, message: &str, offset: Option<u64>) {
+        debug_assert!(error != 0);
+        let message = clip_message(message);
+        let tail = if offset.is_some() { 8 } else { 0 };
+        let payload_len = 6 + message.len() + tail;
+        let chunk_type = if offset.is_some() { reply_type::ERROR_OFFSET } else { reply_type::ERROR };
+        let mut b = BytesMut::with_capacity(CHUNK_HEADER_LEN + payload_len);
+        b.put_slice(&chunk_header(reply_flags::DONE, chunk_type, cookie, payload_len as u32));
+        b.put_u32(error);
+        b.put_u16(message.len() as u16);
+        b.put_slice(message.as_bytes());
+        if let Some(offset) = offset {
+            b.put_u64(offset);
+        }
+        self.segments.push(Segment::Data(b.freeze()));
+    }
+
+    /// A final `BLOCK_STATUS` chunk for `base:allocation`; `extents` are (length, flags).
+    pub fn push_block_status(&mut self, cookie: u64, extents: &[(u32, u32)]) {
+        debug_assert!(!extents.is_empty() && extents.iter().all(|&(len, _)| len > 0));
+        let payload_len = 4 + 8 * extents.len();
+        let mut b = BytesMut::with_capacity(CHUNK_HEADER_LEN + payload_len);
+        b.put_slice(&chunk_header(reply_flags::DONE, reply_type::BLOCK_STATUS, cookie, payload_len as u32));
+        b.put_u32(BASE_ALLOCATION_ID);
+        for &(len, flags) in extents {
+            b.put_u32(len);
+            b.put_u32(flags);
+        }
+        self.segments.push(Segment::Data(b.freeze()));
+    }
+}
+
+fn done_flag(done: bool) -> u16 {
+    if done { reply_flags::DONE } else { 0 }
+}
+
+/// Error messages are strings: at most 4096 bytes, cut on a character boundary.
+fn clip_message(message: &str) -> &str {
+    let mut end = message.len().min(super::consts::MAX_STRING_BYTES);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    &message[..end]
+}
+
+/// A structured reply chunk header.
+pub fn chunk_header(flags: u16, chunk_type: u16, cookie: u64, payload_len: u32) -> [u8; CHUNK_HEADER_LEN] {
+    let mut b = [0u8; CHUNK_HEADER_LEN];
+    b[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&flags.to_be_bytes());
+    b[6..8].copy_from_slice(&chunk_type.to_be_bytes());
+    b[8..16].copy_from_slice(&cookie.to_be_bytes());
+    b[16..20].copy_from_slice(&payload_len.to_be_bytes());
+    b
+}
+
+/// At most this many extents go into one BLOCK_STATUS chunk (the spec suggests <= 2^20).
+pub const MAX_EXTENTS_PER_REPLY: usize = 1 << 16;
+
+/// Turns device extents into wire descriptors `(length, flags)` for a request of `len` bytes.
+///
+/// Zero-length extents are skipped, neighbours with equal flags merged, the total clipped
+/// to `len` (never overshooting), and the count capped (the spec lets a server describe
+/// less than asked). With `req_one` only the first descriptor is kept. If the device said
+/// nothing usable, one extent of status 0 ("allocated, contents unknown") covers the
+/// request, which is always a correct answer.
+pub fn encode_extents(extents: &[crate::device::Extent], len: u32, req_one: bool) -> Vec<(u32, u32)> {
+    use super::consts::state;
+    debug_assert!(len > 0);
+    let limit = if req_one { 1 } else { MAX_EXTENTS_PER_REPLY };
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    let mut remaining = len;
+    for extent in extents {
+        if remaining == 0 {
+            break;
+        }
+        if extent.len_bytes == 0 {
+            continue;
+        }
+        let piece = extent.len_bytes.min(u64::from(remaining)) as u32;
+        let flags = if extent.hole { state::HOLE } else { 0 } | if extent.zero { state::ZERO } else { 0 };
+        if let Some((last_len, last_flags)) = out.last_mut()
+            && *last_flags == flags
+        {
+            *last_len += piece;
+        } else if out.len() == limit {
+            break;
+        } else {
+            out.push((piece, flags));
+        }
+        remaining -= piece;
+    }
+    if out.is_empty() {
+        out.push((len, 0));
+    }
+    debug_assert!(out.iter().map(|&(l, _)| u64::from(l)).sum::<u64>() <= u64::from(len));
+    out
+}
+
+/// A decoded simple reply header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimpleReplyHeader {
+    pub error: u32,
+    pub cookie: u64,
+}
+
+/// Decodes a simple reply header; `None` if the buffer is short or the magic differs.
+pub fn decode_simple_reply(buf: &[u8]) -> Option<SimpleReplyHeader> {
+    let raw = buf.first_chunk::<SIMPLE_REPLY_LEN>()?;
+    if u32::from_be_bytes(raw[0..4].try_into().ok()?) != SIMPLE_REPLY_MAGIC {
+        return None;
+    }
+    Some(SimpleReplyHeader {
+        error: u32::from_be_bytes(raw[4..8].try_into().ok()?),
+        cookie: u64::from_be_bytes(raw[8..16].try_into().ok()?),
+    })
+}
+
+/// A decoded structured chunk header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub flags: u16,
+    pub chunk_type: u16,
+    pub cookie: u64,
+    pub payload_len: u32,
+}
+
+/// Decodes a structured chunk header; `None` if the buffer is short or the magic differs.
+pub fn decode_chunk_header(buf: &[u8]) -> Option<ChunkHeader> {
+    let raw = buf.first_chunk::<CHUNK_HEADER_LEN>()?;
+    if u32::from_be_bytes(raw[0..4].try_into().ok()?) != STRUCTURED_REPLY_MAGIC {
+        return None;
+    }
+    Some(ChunkHeader {
+        flags: u16::from_be_bytes(raw[4..6].try_into().ok()?),
+        chunk_type: u16::from_be_bytes(raw[6..8].try_into().ok()?),
+        cookie: u64::from_be_bytes(raw[8..16].try_into().ok()?),
+        payload_len: u32::from_be_bytes(raw[16..20].try_into().ok()?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simple_reply_round_trips() {
+        let mut r = Reply::default();
+        r.push_simple(0xdead_beef_0000_0001, 22);
+        r.push_data(Bytes::from_static(b"abc"));
+        r.push_zeroes(2);
+        let wire = r.to_vec();
+        assert_eq!(wire.len(), 16 + 5);
+        assert_eq!(decode_simple_reply(&wire), Some(SimpleReplyHeader { error: 22, cookie: 0xdead_beef_0000_0001 }));
+        assert_eq!(&wire[16..], b"abc\0\0");
+    }
+
+    #[test]
+    fn chunks_round_trip() {
+        let mut r = Reply::default();
+        r.push_offset_data_header(false, 5, 4096, 3);
+        r.push_data(Bytes::from_static(b"xyz"));
+        r.push_offset_hole(true, 5, 4099, 512);
+        let wire = r.to_vec();
+        let h = decode_chunk_header(&wire).unwrap();
+        assert_eq!(h, ChunkHeader { flags: 0, chunk_type: reply_type::OFFSET_DATA, cookie: 5, payload_len: 11 });
+        assert_eq!(u64::from_be_bytes(wire[20..28].try_into().unwrap()), 4096);
+        let h2 = decode_chunk_header(&wire[31..]).unwrap();
+        assert_eq!(h2.flags, reply_flags::DONE);
+        assert_eq!(h2.chunk_type, reply_type::OFFSET_HOLE);
+        assert_eq!(h2.payload_len, 12);
+        assert_eq!(u32::from_be_bytes(wire[31 + 28..31 + 32].try_into().unwrap()), 512);
+    }
+
+    #[test]
+    fn error_and_block_status_chunks() {
+        let mut r = Reply::default();
+        r.push_error_chunk(9, 5, "boom", Some(1024));
+        let wire = r.to_vec();
+        let h = decode_chunk_header(&wire).unwrap();
+        assert_eq!((h.chunk_type, h.payload_len, h.flags), (reply_type::ERROR_OFFSET, 6 + 4 + 8, reply_flags::DONE));
+        assert_eq!(&wire[26..30], b"boom");
+        let mut r = Reply::default();
+        r.push_block_status(9, &[(512, 3), (1024, 0)]);
+        let wire = r.to_vec();
+        let h = decode_chunk_header(&wire).unwrap();
+        assert_eq!((h.chunk_type, h.payload_len), (reply_type::BLOCK_STATUS, 20));
+        assert_eq!(u32::from_be_bytes(wire[20..24].try_into().unwrap()), BASE_ALLOCATION_ID);
+    }
+
+    #[test]
+    fn extents_are_merged_clipped_and_never_empty() {
+        use crate::device::Extent;
+        let e = |len_bytes, hole, zero| Extent { len_bytes, hole, zero };
+        let extents = [e(512, false, false), e(0, true, true), e(512, false, false), e(1 << 40, true, true)];
+        assert_eq!(encode_extents(&extents, 4096, false), vec![(1024, 0), (3072, 3)]);
+        assert_eq!(encode_extents(&extents, 4096, true), vec![(1024, 0)]);
+        assert_eq!(encode_extents(&[], 4096, false), vec![(4096, 0)]);
+        assert_eq!(encode_extents(&[e(0, true, true)], 7, true), vec![(7, 0)]);
+        assert_eq!(encode_extents(&[e(u64::MAX, true, false)], u32::MAX, false), vec![(u32::MAX, 1)]);
+    }
+}

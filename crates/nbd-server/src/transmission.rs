@@ -1,0 +1,620 @@
+//! The transmission phase of one connection: pipelined requests, replies in completion
+//! order, one socket writer at a time.
+//!
+//! ```text
+//!   socket read half                                                 socket write half
+//!        │                                                          (behind one mutex)
+//!   read_loop ── header ─ validate ─┬─ rejected / small and ready ─▶ local batch ──┐ ▲
+//!   (slot permit, byte permits,     │                                               ├─┘ vectored
+//!    WRITE payload → Bytes)         └─ spawn(execute) ─ device ─▶ mpsc ─▶ write_loop ┘   writes
+//! ```
+//!
+//! Requests that complete at once (rejections, small requests on a device that answers
+//! without waiting: memory, page cache) are answered by the reader itself: it collects
+//! their replies and writes them in one batch before it next waits for anything (socket
+//! data, a permit). That saves a task spawn and a cross-thread wake-up per request.
+//! Everything else runs as a task whose reply goes through a channel to `write_loop`,
+//! which batches whatever is ready. Both write whole batches under the same mutex, so
+//! replies never interleave on the wire; their order is completion order.
+//!
+//! Bounds: a request first takes a per-connection slot (at most
+//! `max_requests_per_connection` in flight; when none is free the socket is not read, so
+//! the client is slowed by TCP), then, for READ/WRITE, `len` permits of the server-wide
+//! byte semaphore, taken *before* a WRITE payload is read or a READ is issued. Both are
+//! released when the reply has been written to the socket (or dropped). The reader never
+//! waits while holding unwritten replies, so it cannot deadlock on its own permits.
+//!
+//! Ending: DISC, a clean close or server shutdown stop the reader; requests in flight run
+//! to completion and their replies are written; then the socket is shut down. A protocol
+//! violation or socket error ends the connection at once (hard disconnect).
+
+use std::future::Future;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, debug_span};
+
+use crate::advertise::Advertised;
+use crate::buffer_pool;
+use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, ReadChunk};
+use crate::error::{Error, Result};
+use crate::protocol::read_reply::{ReadFraming, push_device_error, read_reply};
+use crate::protocol::reply::{Reply, Segment, encode_extents};
+use crate::protocol::request::{
+    ExportLimits, REQUEST_HEADER_LEN, Rejection, Request, RequestHeader, decode_request_header, payload_len,
+    validate_request,
+};
+use crate::read_buffer::{discard, fill};
+
+/// Requests up to this length may be executed inline by the reader.
+const INLINE_MAX_BYTES: u32 = 128 * 1024;
+/// The reader writes its collected replies once they hold this many bytes...
+const LOCAL_FLUSH_BYTES: usize = 256 * 1024;
+/// ... or this many replies.
+const LOCAL_FLUSH_REPLIES: usize = 64;
+
+/// Everything a connection needs for the transmission phase.
+pub(crate) struct Transmission {
+    pub device: Arc<dyn BlockDevice>,
+    pub advertised: Advertised,
+    pub structured_replies: bool,
+    pub meta_context_selected: bool,
+    /// Server-wide bytes-in-flight semaphore.
+    pub in_flight_bytes: Arc<Semaphore>,
+    pub max_requests: usize,
+    pub shutdown: CancellationToken,
+}
+
+/// A reply ready for the socket, with the permits it releases once written.
+struct Outgoing {
+    reply: Reply,
+    _slot: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// The socket's write half and the scratch buffer for headers, shared by both writers.
+struct SocketWriter<W> {
+    writer: W,
+    scratch: Vec<u8>,
+}
+
+type SharedWriter<W> = Arc<Mutex<SocketWriter<W>>>;
+
+/// Replies the reader produced itself and has not written yet.
+struct LocalReplies {
+    replies: Vec<Outgoing>,
+    bytes: usize,
+}
+
+impl LocalReplies {
+    fn push(&mut self, outgoing: Outgoing) {
+        self.bytes += outgoing.reply.wire_len();
+        self.replies.push(outgoing);
+    }
+
+    fn is_full(&self) -> bool {
+        self.bytes >= LOCAL_FLUSH_BYTES || self.replies.len() >= LOCAL_FLUSH_REPLIES
+    }
+
+    /// Writes the collected replies (whole, under the writer lock) and releases their permits.
+    async fn flush<W: AsyncWrite + Unpin>(&mut self, shared: &SharedWriter<W>) -> Result<()> {
+        if self.replies.is_empty() {
+            return Ok(());
+        }
+        let mut guard = shared.lock().await;
+        let SocketWriter { writer, scratch } = &mut *guard;
+        write_batch(writer, &self.replies, scratch).await?;
+        self.replies.clear();
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+/// Runs transmission until the connection ends.
+pub(crate) async fn run<R, W>(reader: R, writer: W, read_buf: BytesMut, t: Transmission) -> Result<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
+    let abort = CancellationToken::new();
+    let slots = Arc::new(Semaphore::new(t.max_requests));
+    let shared = Arc::new(Mutex::new(SocketWriter { writer, scratch: Vec::with_capacity(16 * 1024) }));
+    let writer_task = tokio::spawn(write_loop(shared.clone(), rx, abort.clone()).in_current_span());
+
+    let gate = Gate { t: &t, slots: &slots, shared: &shared, abort: &abort };
+    let mut reader = Reader { reader, buf: read_buf, gate };
+    let mut local = LocalReplies { replies: Vec::with_capacity(LOCAL_FLUSH_REPLIES), bytes: 0 };
+    let read_result = read_loop(&mut reader, &mut local, tx).await;
+    let read_result = match read_result {
+        Ok(()) => local.flush(&shared).await,
+        Err(e) => Err(e),
+    };
+    drop(reader);
+    drop(local);
+    if read_result.is_err() {
+        // Hard disconnect: don't wait to deliver replies, close our side now.
+        abort.cancel();
+        let _ = shared.lock().await.writer.shutdown().await;
+    }
+    let write_result = match writer_task.await {
+        Ok(result) => result,
+        Err(join_error) => Err(Error::Io(std::io::Error::other(join_error))),
+    };
+    // Wait for every request task to finish (each holds a slot until its reply is written or
+    // dropped), so nothing touches the device after this connection is reported closed.
+    let all_slots = u32::try_from(t.max_requests).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(all_slots).await;
+    read_result.and(write_result)
+}
+
+/// The read side of a connection: the socket, its buffer and what admission needs.
+struct Reader<'a, R, W> {
+    reader: R,
+    buf: BytesMut,
+    gate: Gate<'a, W>,
+}
+
+/// What admitting a request needs besides the socket (shared with other tasks, so `Sync`).
+struct Gate<'a, W> {
+    t: &'a Transmission,
+    slots: &'a Arc<Semaphore>,
+    shared: &'a SharedWriter<W>,
+    abort: &'a CancellationToken,
+}
+
+async fn read_loop<R, W>(
+    r: &mut Reader<'_, R, W>,
+    local: &mut LocalReplies,
+    tx: mpsc::UnboundedSender<Outgoing>,
+) -> Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send,
+{
+    let t = r.gate.t;
+    let limits = ExportLimits {
+        size_bytes: t.advertised.size_bytes,
+        transmission_flags: t.advertised.transmission_flags,
+        structured_replies: t.structured_replies,
+        meta_context_selected: t.meta_context_selected,
+        min_block_bytes: t.advertised.min_block_bytes,
+        max_payload_bytes: t.advertised.max_payload_bytes,
+    };
+    loop {
+        let Some(Incoming { header, outcome, slot, bytes }) = r.next_request(&limits, local).await? else {
+            return Ok(());
+        };
+        let (request, payload) = match outcome {
+            Ok((Request::Disc, _)) => {
+                debug!("DISC");
+                return Ok(());
+            }
+            Ok(accepted) => accepted,
+            Err(rejection) => {
+                debug!(
+                    cookie = header.cookie,
+                    command = header.command,
+                    errno = rejection.errno,
+                    reason = rejection.message,
+                    "request rejected"
+                );
+                let reply = rejection_reply(&header, t.structured_replies, rejection);
+                local.push(Outgoing { reply, _slot: slot, _bytes: bytes });
+                if local.is_full() {
+                    local.flush(r.gate.shared).await?;
+                }
+                continue;
+            }
+        };
+        let span = debug_span!(
+            "request",
+            cookie = header.cookie,
+            command = header.command,
+            offset = header.offset,
+            len = header.length
+        );
+        let ctx = RequestCtx {
+            device: t.device.clone(),
+            cookie: header.cookie,
+            structured: t.structured_replies,
+            piece_bytes: t.advertised.device_piece_bytes,
+        };
+        let mut task = Box::pin(
+            async move {
+                let reply = ctx.execute(request, payload).await;
+                Outgoing { reply, _slot: slot, _bytes: bytes }
+            }
+            .instrument(span),
+        );
+        // Fast path: a small request on a device that completes at once is answered by the
+        // reader. Large requests always become tasks, so their copies run on other workers
+        // in parallel with the reader, as does anything that has to wait.
+        let ready = if header.length <= INLINE_MAX_BYTES {
+            match task.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(outgoing) => Some(outgoing),
+                Poll::Pending => None,
+            }
+        } else {
+            None
+        };
+        match ready {
+            Some(outgoing) => {
+                local.push(outgoing);
+                if local.is_full() {
+                    local.flush(r.gate.shared).await?;
+                }
+            }
+            None => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let _ = tx.send(task.await);
+                });
+            }
+        }
+    }
+}
+
+/// A request read off the wire, validated (or refused), holding its permits.
+struct Incoming {
+    header: RequestHeader,
+    /// The validated request and its WRITE payload, or why it was refused.
+    outcome: Result<(Request, Option<Bytes>), Rejection>,
+    slot: OwnedSemaphorePermit,
+    bytes: Option<OwnedSemaphorePermit>,
+}
+
+impl<W: AsyncWrite + Unpin + Send> Gate<'_, W> {
+    /// Waits for `wait` unless shutdown or abort comes first (then `None`). Only waits that
+    /// are safe to abandon go through here; writes never do.
+    async fn interruptible<T>(&self, wait: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            _ = self.t.shutdown.cancelled() => {
+                debug!("shutdown: no more requests are read");
+                None
+            }
+            _ = self.abort.cancelled() => None,
+            value = wait => Some(value),
+        }
+    }
+
+    /// `n` permits of `semaphore`, writing out `local` first if it has to wait.
+    async fn permits(
+        &self,
+        semaphore: &Arc<Semaphore>,
+        n: u32,
+        local: &mut LocalReplies,
+    ) -> Result<Option<OwnedSemaphorePermit>> {
+        if let Ok(permit) = semaphore.clone().try_acquire_many_owned(n) {
+            return Ok(Some(permit));
+        }
+        local.flush(self.shared).await?;
+        let acquired = self.interruptible(semaphore.clone().acquire_many_owned(n)).await;
+        Ok(acquired.map(|p| p.expect("semaphores are never closed")))
+    }
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send> Reader<'_, R, W> {
+    /// Reads the next request. `Ok(None)` on a clean close between requests, shutdown or abort.
+    /// Before any wait (socket data, permits), replies collected in `local` are written.
+    async fn next_request(&mut self, limits: &ExportLimits, local: &mut LocalReplies) -> Result<Option<Incoming>> {
+        let gate = &self.gate;
+        let Some(slot) = gate.permits(gate.slots, 1, local).await? else { return Ok(None) };
+        if self.buf.len() < REQUEST_HEADER_LEN {
+            local.flush(gate.shared).await?;
+            let Some(filled) = gate.interruptible(fill(&mut self.reader, &mut self.buf, REQUEST_HEADER_LEN)).await
+            else {
+                return Ok(None);
+            };
+            if !filled? {
+                debug!("client closed the connection");
+                return Ok(None);
+            }
+        }
+        let header = decode_request_header(&self.buf)?.expect("header is buffered");
+        self.buf.advance(REQUEST_HEADER_LEN);
+        let payload = payload_len(&header)? as usize;
+        let (outcome, bytes) = match validate_request(&header, limits) {
+            Ok(request @ (Request::Write { len, .. } | Request::Read { len, .. })) => {
+                // Room for the data before reading the payload or issuing the read.
+                let bytes = if len > 0 {
+                    let Some(permit) = gate.permits(&gate.t.in_flight_bytes, len, local).await? else {
+                        return Ok(None);
+                    };
+                    Some(permit)
+                } else {
+                    None
+                };
+                let data = if payload == 0 {
+                    None
+                } else if self.buf.len() >= payload {
+                    Some(self.buf.split_to(payload).freeze())
+                } else {
+                    local.flush(gate.shared).await?;
+                    let read = read_payload(&mut self.reader, &mut self.buf, payload);
+                    let Some(read) = gate.interruptible(read).await else { return Ok(None) };
+                    Some(read?)
+                };
+                (Ok((request, data)), bytes)
+            }
+            Ok(request) => (Ok((request, None)), None),
+            Err(rejection) => {
+                // The payload of a refused WRITE is consumed (not buffered) to stay in sync.
+                if self.buf.len() < payload {
+                    local.flush(gate.shared).await?;
+                }
+                discard(&mut self.reader, &mut self.buf, payload as u64).await?;
+                (Err(rejection), None)
+            }
+        };
+        Ok(Some(Incoming { header, outcome, slot, bytes }))
+    }
+}
+
+/// Reads a WRITE payload of `len` bytes into its own buffer: the buffered part is copied,
+/// the rest is read straight into a (pooled) payload buffer.
+async fn read_payload<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, len: usize) -> Result<Bytes> {
+    debug_assert!(buf.len() < len);
+    let mut payload = buffer_pool::alloc(len);
+    payload.extend_from_slice(buf);
+    buf.clear();
+    while payload.len() < len {
+        let remaining = (len - payload.len()) as u64;
+        if (&mut *reader).take(remaining).read_buf(&mut payload).await? == 0 {
+            return Err(Error::UnexpectedEof);
+        }
+    }
+    debug_assert_eq!(payload.len(), len);
+    Ok(buffer_pool::freeze(payload))
+}
+
+/// The reply to a request refused before reaching the device.
+fn rejection_reply(header: &RequestHeader, structured: bool, rejection: Rejection) -> Reply {
+    let mut reply = Reply::with_capacity(1);
+    if structured {
+        reply.push_error_chunk(header.cookie, rejection.errno, rejection.message, None);
+    } else {
+        reply.push_simple(header.cookie, rejection.errno);
+    }
+    reply
+}
+
+/// What a spawned request needs.
+struct RequestCtx {
+    device: Arc<dyn BlockDevice>,
+    cookie: u64,
+    structured: bool,
+    /// Largest READ/WRITE handed to the device at once.
+    piece_bytes: u32,
+}
+
+impl RequestCtx {
+    async fn execute(self, request: Request, payload: Option<Bytes>) -> Reply {
+        match request {
+            Request::Read { offset, len, df } => {
+                let result = self.read(offset, len).await;
+                if let Err(e) = &result {
+                    debug!(error = %e, kind = ?e.kind, "device read failed");
+                }
+                let framing = match (self.structured, df) {
+                    (false, _) => ReadFraming::Simple,
+                    (true, false) => ReadFraming::Structured,
+                    (true, true) => ReadFraming::Unfragmented,
+                };
+                read_reply(self.cookie, offset, len, framing, result)
+            }
+            Request::Write { offset, len, fua } => {
+                let data = payload.unwrap_or_default();
+                debug_assert_eq!(data.len(), len as usize);
+                let result = self.write(offset, data, fua).await;
+                self.status_reply(result, offset, len, false)
+            }
+            Request::Flush => {
+                let result = self.device.flush().await;
+                self.status_reply(result, 0, 0, false)
+            }
+            Request::Trim { offset, len, fua } => {
+                let result = if len == 0 { Ok(()) } else { self.device.trim(offset, u64::from(len), fua).await };
+                self.status_reply(result, offset, len, false)
+            }
+            Request::Cache { offset, len } => {
+                let result = if len == 0 { Ok(()) } else { self.device.cache(offset, u64::from(len)).await };
+                self.status_reply(result, offset, len, false)
+            }
+            Request::WriteZeroes { offset, len, flags } => {
+                let result =
+                    if len == 0 { Ok(()) } else { self.device.write_zeroes(offset, u64::from(len), flags).await };
+                self.status_reply(result, offset, len, flags.fast_zero)
+            }
+            Request::BlockStatus { offset, len, req_one } => {
+                debug_assert!(self.structured && len > 0);
+                match self.device.block_status(offset, u64::from(len)).await {
+                    Ok(extents) => {
+                        let mut reply = Reply::with_capacity(1);
+                        reply.push_block_status(self.cookie, &encode_extents(&extents, len, req_one));
+                        reply
+                    }
+                    Err(e) => self.status_reply(Err(e), offset, len, false),
+                }
+            }
+            Request::Disc => unreachable!("DISC is handled by the reader"),
+        }
+    }
+
+    /// Reads `len` bytes, in device-sized pieces, checking the device returned exactly `len`.
+    async fn read(&self, offset: u64, len: u32) -> DeviceResult<Vec<ReadChunk>> {
+        let mut chunks = Vec::new();
+        let mut done = 0u32;
+        while done < len {
+            let piece = (len - done).min(self.piece_bytes);
+            let piece_offset = offset + u64::from(done);
+            let got = self.device.read(piece_offset, piece).await?;
+            let got_len: usize = got.iter().map(ReadChunk::len).sum();
+            if got_len != piece as usize {
+                return Err(DeviceError::new(
+                    DeviceErrorKind::Io,
+                    format!("device returned {got_len} bytes for a read of {piece}"),
+                )
+                .at(piece_offset));
+            }
+            chunks.extend(got.into_iter().filter(|c| !c.is_empty()));
+            done += piece;
+        }
+        Ok(chunks)
+    }
+
+    /// Writes `data` in device-sized pieces.
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceResult<()> {
+        let piece = self.piece_bytes as usize;
+        let mut done = 0usize;
+        while done < data.len() {
+            let end = (done + piece).min(data.len());
+            self.device.write(offset + done as u64, data.slice(done..end), fua).await?;
+            done = end;
+        }
+        Ok(())
+    }
+
+    /// The reply to a command without data: success, or the error mapped in one place.
+    fn status_reply(&self, result: DeviceResult<()>, offset: u64, len: u32, fast_zero: bool) -> Reply {
+        let mut reply = Reply::with_capacity(1);
+        match result {
+            Ok(()) => reply.push_simple(self.cookie, 0),
+            Err(e) => {
+                debug!(error = %e, kind = ?e.kind, "device request failed");
+                push_device_error(&mut reply, self.cookie, self.structured, &e, offset, len, fast_zero)
+            }
+        }
+        reply
+    }
+}
+
+/// Most replies written in one vectored write.
+const MAX_BATCH_REPLIES: usize = 128;
+/// Stop adding replies to a batch past this many bytes.
+const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Stay below IOV_MAX (1024) slices per write.
+const MAX_BATCH_SLICES: usize = 768;
+/// Data segments up to this size are copied next to the headers instead of getting a slice.
+const COPY_THRESHOLD_BYTES: usize = 512;
+/// Zero runs are written from this static page.
+static ZERO_PAGE: [u8; 256 * 1024] = [0; 256 * 1024];
+
+/// One piece of a batch: a range of the scratch buffer, a data buffer, or zeroes.
+enum Piece<'a> {
+    Scratch(usize, usize),
+    Data(&'a [u8]),
+    Zeroes(usize),
+}
+
+/// Writes replies of spawned requests as they complete, batching whatever is ready.
+async fn write_loop<W: AsyncWrite + Unpin>(
+    shared: SharedWriter<W>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    abort: CancellationToken,
+) -> Result<()> {
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(MAX_BATCH_REPLIES);
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = abort.cancelled() => return Ok(()),
+            first = rx.recv() => first,
+        };
+        let Some(first) = first else { break };
+        let mut batch_bytes = first.reply.wire_len();
+        let mut batch_segments = first.reply.segments.len();
+        batch.push(first);
+        while batch.len() < MAX_BATCH_REPLIES && batch_bytes < MAX_BATCH_BYTES && batch_segments < MAX_BATCH_SLICES / 2
+        {
+            match rx.try_recv() {
+                Ok(next) => {
+                    batch_bytes += next.reply.wire_len();
+                    batch_segments += next.reply.segments.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let written = tokio::select! {
+            biased;
+            _ = abort.cancelled() => return Ok(()),
+            written = async {
+                let mut guard = shared.lock().await;
+                let SocketWriter { writer, scratch } = &mut *guard;
+                write_batch(writer, &batch, scratch).await
+            } => written,
+        };
+        if let Err(e) = written {
+            abort.cancel();
+            return Err(e);
+        }
+        batch.clear();
+    }
+    let mut guard = shared.lock().await;
+    guard.writer.flush().await?;
+    let _ = guard.writer.shutdown().await;
+    Ok(())
+}
+
+/// Writes all replies of `batch` with as few syscalls as the socket allows.
+async fn write_batch<W: AsyncWrite + Unpin>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
+    scratch.clear();
+    let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(batch.len() * 2);
+    let mut total = 0usize;
+    for outgoing in batch {
+        for segment in &outgoing.reply.segments {
+            let small: Option<&[u8]> = match segment {
+                Segment::Inline(inline) => Some(inline.as_slice()),
+                Segment::Data(data) if data.len() <= COPY_THRESHOLD_BYTES => Some(data),
+                _ => None,
+            };
+            if let Some(bytes) = small {
+                let start = scratch.len();
+                scratch.extend_from_slice(bytes);
+                match pieces.last_mut() {
+                    Some(Piece::Scratch(_, end)) if *end == start => *end = scratch.len(),
+                    _ => pieces.push(Piece::Scratch(start, scratch.len())),
+                }
+            } else {
+                match segment {
+                    Segment::Data(data) => pieces.push(Piece::Data(data)),
+                    Segment::Zeroes(n) => pieces.push(Piece::Zeroes(*n)),
+                    Segment::Inline(_) => unreachable!("inline segments are copied"),
+                }
+            }
+            total += segment.len();
+        }
+    }
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(pieces.len() + 4);
+    for piece in &pieces {
+        match *piece {
+            Piece::Scratch(start, end) => slices.push(IoSlice::new(&scratch[start..end])),
+            Piece::Data(data) => slices.push(IoSlice::new(data)),
+            Piece::Zeroes(mut n) => {
+                while n > 0 {
+                    let step = n.min(ZERO_PAGE.len());
+                    slices.push(IoSlice::new(&ZERO_PAGE[..step]));
+                    n -= step;
+                }
+            }
+        }
+    }
+    let mut remaining = &mut slices[..];
+    let mut written = 0usize;
+    while !remaining.is_empty() {
+        let n = writer.write_vectored(remaining).await?;
+        if n == 0 {
+            return Err(Error::Io(std::io::ErrorKind::WriteZero.into()));
+        }
+        written += n;
+        IoSlice::advance_slices(&mut remaining, n);
+    }
+    debug_assert_eq!(written, total);
+    Ok(())
+}

@@ -1,0 +1,799 @@
+//! Raw-socket tests: bytes no well-behaved client sends, and server behaviour (pipelining
+//! depth, reply order, backpressure, limits, shutdown) observed through a gated device.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nbd_server::protocol::consts::{
+    EXTENDED_REQUEST_MAGIC, IHAVEOPT, NBDMAGIC, OPTION_REPLY_MAGIC, REQUEST_MAGIC, cmd, errno, info, opt, rep,
+    reply_flags, reply_type, tflags,
+};
+use nbd_server::protocol::reply::{ChunkHeader, decode_chunk_header, decode_simple_reply};
+use nbd_server::{
+    BlockDevice, DeviceFuture, DeviceInfo, DeviceResult, Export, Extent, MemoryDevice, ReadChunk, Server, ServerConfig,
+    ZeroFlags,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use crate::util::{ServerHandle, pattern, standard_exports};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A client that speaks the protocol byte by byte.
+struct Raw<S> {
+    stream: S,
+}
+
+impl Raw<TcpStream> {
+    async fn connect(server: &ServerHandle) -> Self {
+        let stream = TcpStream::connect(server.addr).await.expect("connect");
+        stream.set_nodelay(true).unwrap();
+        Raw { stream }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
+    async fn read_exact(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; n];
+        tokio::time::timeout(TIMEOUT, self.stream.read_exact(&mut buf)).await.expect("reply in time").expect("read");
+        buf
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("send");
+    }
+
+    /// The server closes the connection: EOF (or reset) within the timeout, nothing else.
+    async fn expect_closed(&mut self) {
+        let mut buf = [0u8; 1024];
+        match tokio::time::timeout(TIMEOUT, self.stream.read(&mut buf)).await {
+            Err(_) => panic!("server did not close the connection"),
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            Ok(Ok(n)) => panic!("expected close, got {n} more bytes: {:02x?}", &buf[..n]),
+        }
+    }
+
+    async fn greeting(&mut self) {
+        let g = self.read_exact(18).await;
+        assert_eq!(u64::from_be_bytes(g[..8].try_into().unwrap()), NBDMAGIC);
+        assert_eq!(u64::from_be_bytes(g[8..16].try_into().unwrap()), IHAVEOPT);
+        assert_eq!(&g[16..], &[0, 3], "FIXED_NEWSTYLE | NO_ZEROES");
+    }
+
+    /// Greeting plus client flags.
+    async fn start(&mut self, client_flags: u32) {
+        self.greeting().await;
+        self.send(&client_flags.to_be_bytes()).await;
+    }
+
+    async fn option(&mut self, code: u32, data: &[u8]) {
+        let mut msg = IHAVEOPT.to_be_bytes().to_vec();
+        msg.extend_from_slice(&code.to_be_bytes());
+        msg.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        msg.extend_from_slice(data);
+        self.send(&msg).await;
+    }
+
+    /// One option reply: (echoed option, reply type, data).
+    async fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
+        let h = self.read_exact(20).await;
+        assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), OPTION_REPLY_MAGIC);
+        let option = u32::from_be_bytes(h[8..12].try_into().unwrap());
+        let reply = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+        assert!(len < 1 << 16, "option reply of {len} bytes");
+        (option, reply, self.read_exact(len).await)
+    }
+
+    /// Replies until (and including) the final ACK or error.
+    async fn option_replies(&mut self) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut all = Vec::new();
+        loop {
+            let r = self.option_reply().await;
+            let last = r.1 == rep::ACK || r.1 & (1 << 31) != 0;
+            all.push(r);
+            if last {
+                return all;
+            }
+        }
+    }
+
+    /// Fixed newstyle, NO_ZEROES, optional structured replies and base:allocation, then GO.
+    /// Returns (size, transmission flags).
+    async fn go(&mut self, name: &str, structured: bool, meta_for: Option<&str>) -> (u64, u16) {
+        self.start(3).await;
+        if structured {
+            self.option(opt::STRUCTURED_REPLY, &[]).await;
+            assert_eq!(self.option_reply().await.1, rep::ACK);
+        }
+        if let Some(meta_export) = meta_for {
+            self.option(opt::SET_META_CONTEXT, &meta_query(meta_export, &["base:allocation"])).await;
+            let replies = self.option_replies().await;
+            assert_eq!(replies.len(), 2, "{replies:?}");
+            assert_eq!(replies[0].1, rep::META_CONTEXT);
+        }
+        self.option(opt::GO, &go_data(name, &[])).await;
+        let mut export = None;
+        for (option, reply, data) in self.option_replies().await {
+            assert_eq!(option, opt::GO);
+            if reply == rep::INFO && u16::from_be_bytes(data[..2].try_into().unwrap()) == info::EXPORT {
+                export = Some((
+                    u64::from_be_bytes(data[2..10].try_into().unwrap()),
+                    u16::from_be_bytes(data[10..12].try_into().unwrap()),
+                ));
+            }
+            assert!(
+                reply == rep::INFO || reply == rep::ACK,
+                "GO failed: {reply:#x} {:?}",
+                String::from_utf8_lossy(&data)
+            );
+        }
+        export.expect("NBD_INFO_EXPORT")
+    }
+
+    async fn request(&mut self, flags: u16, command: u16, cookie: u64, offset: u64, len: u32, payload: &[u8]) {
+        let mut msg = Vec::with_capacity(28 + payload.len());
+        msg.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        msg.extend_from_slice(&flags.to_be_bytes());
+        msg.extend_from_slice(&command.to_be_bytes());
+        msg.extend_from_slice(&cookie.to_be_bytes());
+        msg.extend_from_slice(&offset.to_be_bytes());
+        msg.extend_from_slice(&len.to_be_bytes());
+        msg.extend_from_slice(payload);
+        self.send(&msg).await;
+    }
+
+    /// A simple reply: (error, cookie); reads `data_len` bytes of data if error is 0.
+    async fn simple_reply(&mut self, data_len: usize) -> (u32, u64, Vec<u8>) {
+        let h = decode_simple_reply(&self.read_exact(16).await).expect("simple reply magic");
+        let data = if h.error == 0 { self.read_exact(data_len).await } else { Vec::new() };
+        (h.error, h.cookie, data)
+    }
+
+    async fn chunk(&mut self) -> (ChunkHeader, Vec<u8>) {
+        let h = decode_chunk_header(&self.read_exact(20).await).expect("structured reply magic");
+        let payload = self.read_exact(h.payload_len as usize).await;
+        (h, payload)
+    }
+
+    /// Reads structured chunks until DONE; returns them.
+    async fn chunks(&mut self) -> Vec<(ChunkHeader, Vec<u8>)> {
+        let mut all = Vec::new();
+        loop {
+            let c = self.chunk().await;
+            let done = c.0.flags & reply_flags::DONE != 0;
+            all.push(c);
+            if done {
+                return all;
+            }
+        }
+    }
+
+    /// A READ that must succeed with simple replies.
+    async fn read_ok(&mut self, offset: u64, len: u32) -> Vec<u8> {
+        self.request(0, cmd::READ, 0xabc, offset, len, &[]).await;
+        let (error, cookie, data) = self.simple_reply(len as usize).await;
+        assert_eq!((error, cookie), (0, 0xabc));
+        data
+    }
+}
+
+fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+fn meta_query(export: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (export.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(export.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+fn error_of_chunk(c: &(ChunkHeader, Vec<u8>)) -> u32 {
+    assert!(c.0.chunk_type & 0x8000 != 0, "not an error chunk: {:?}", c.0);
+    u32::from_be_bytes(c.1[..4].try_into().unwrap())
+}
+
+async fn standard_server(config: ServerConfig) -> (ServerHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (exports, _) = standard_exports(dir.path()).await;
+    (ServerHandle::start(exports, config).await, dir)
+}
+
+fn quick_config() -> ServerConfig {
+    ServerConfig { handshake_timeout: Duration::from_millis(500), ..ServerConfig::default() }
+}
+
+/// The server still serves a normal client.
+async fn assert_alive(server: &ServerHandle) {
+    let mut c = Raw::connect(server).await;
+    let (size, _) = c.go("mem", false, None).await;
+    assert_eq!(size, 64 << 20);
+    assert_eq!(c.read_ok(0, 512).await.len(), 512);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_bad_flags_close_the_connection() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    // Unknown client flag bits.
+    let mut c = Raw::connect(&server).await;
+    c.start(0x8000_0001).await;
+    c.expect_closed().await;
+    // Garbage instead of an option header.
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    c.expect_closed().await;
+    // Non-fixed-newstyle client sending anything but EXPORT_NAME.
+    let mut c = Raw::connect(&server).await;
+    c.start(0).await;
+    c.option(opt::LIST, &[]).await;
+    c.expect_closed().await;
+    // Garbage request magic and an extended header that was never negotiated.
+    for magic in [0xdead_beef_u32, EXTENDED_REQUEST_MAGIC] {
+        let mut c = Raw::connect(&server).await;
+        c.go("mem", true, None).await;
+        let mut msg = magic.to_be_bytes().to_vec();
+        msg.extend_from_slice(&[0u8; 28]);
+        c.send(&msg).await;
+        c.expect_closed().await;
+    }
+    assert_alive(&server).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_and_stalled_handshakes() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    // Partial messages then close: the server must just drop them.
+    for prefix in [&[0u8, 0][..], &[0, 0, 0, 3, 0x49, 0x48], &[0, 0, 0, 3]] {
+        let mut c = Raw::connect(&server).await;
+        c.greeting().await;
+        c.send(prefix).await;
+        drop(c);
+    }
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    let mut msg = IHAVEOPT.to_be_bytes().to_vec();
+    msg.extend_from_slice(&opt::GO.to_be_bytes());
+    msg.extend_from_slice(&100u32.to_be_bytes());
+    msg.extend_from_slice(&[0; 10]);
+    c.send(&msg).await;
+    drop(c);
+    // Stalled mid-handshake: closed by the handshake timeout (500 ms here).
+    let started = Instant::now();
+    let mut c = Raw::connect(&server).await;
+    c.greeting().await;
+    c.send(&[0, 0]).await;
+    c.expect_closed().await;
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(400), "closed too early: {waited:?}");
+    // A client that never sends anything is also closed.
+    let mut c = Raw::connect(&server).await;
+    c.greeting().await;
+    c.expect_closed().await;
+    assert_alive(&server).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn option_replies_are_byte_exact() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    // Unknown option with data: ERR_UNSUP echoing the option, then the stream is in sync.
+    c.option(0x0765_4321, b"some data").await;
+    let (option, reply, _) = c.option_reply().await;
+    assert_eq!((option, reply), (0x0765_4321, rep::ERR_UNSUP));
+    c.option(opt::PEEK_EXPORT, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_UNSUP);
+    c.option(opt::STARTTLS, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_POLICY);
+    c.option(opt::STARTTLS, b"x").await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    c.option(opt::EXTENDED_HEADERS, &[]).await;
+    let (option, reply, _) = c.option_reply().await;
+    assert_eq!((option, reply), (opt::EXTENDED_HEADERS, rep::ERR_UNSUP));
+    // META_CONTEXT before STRUCTURED_REPLY.
+    c.option(opt::SET_META_CONTEXT, &meta_query("mem", &["base:allocation"])).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    c.option(opt::STRUCTURED_REPLY, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ACK);
+    c.option(opt::STRUCTURED_REPLY, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    c.option(opt::STRUCTURED_REPLY, b"data").await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    // SET_META_CONTEXT: one reply with a non-zero id, then ACK; LIST with data is invalid.
+    c.option(opt::SET_META_CONTEXT, &meta_query("mem", &["base:allocation", "x-other:thing"])).await;
+    let replies = c.option_replies().await;
+    assert_eq!(replies.len(), 2);
+    assert_eq!(replies[0].1, rep::META_CONTEXT);
+    assert_ne!(u32::from_be_bytes(replies[0].2[..4].try_into().unwrap()), 0);
+    assert_eq!(&replies[0].2[4..], b"base:allocation");
+    c.option(opt::SET_META_CONTEXT, &meta_query("nope", &["base:allocation"])).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_UNKNOWN);
+    c.option(opt::LIST_META_CONTEXT, &meta_query("mem", &["nocolon"])).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    c.option(opt::LIST, b"x").await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    c.option(opt::LIST, &[]).await;
+    let replies = c.option_replies().await;
+    assert_eq!(replies.len(), 6, "5 exports + ACK");
+    assert!(replies[..5].iter().all(|r| r.1 == rep::SERVER));
+    // ABORT: ACK, then the server closes.
+    c.option(opt::ABORT, &[]).await;
+    assert_eq!(c.option_reply().await, (opt::ABORT, rep::ACK, vec![]));
+    c.expect_closed().await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_option_lengths() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    // 1 MiB of option data: skipped without buffering, ERR_TOO_BIG, still in sync.
+    c.option(opt::INFO, &vec![0x55; 1 << 20]).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_TOO_BIG);
+    // Lengths inside the payload that point far beyond it.
+    let mut bad_go = u32::MAX.to_be_bytes().to_vec();
+    bad_go.extend_from_slice(&[0; 8]);
+    c.option(opt::GO, &bad_go).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    let mut bad_count = go_data("mem", &[]);
+    bad_count.truncate(bad_count.len() - 2);
+    bad_count.extend_from_slice(&u16::MAX.to_be_bytes());
+    c.option(opt::INFO, &bad_count).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    c.option(opt::STRUCTURED_REPLY, &[]).await;
+    c.option_reply().await;
+    let mut bad_queries = 3u32.to_be_bytes().to_vec();
+    bad_queries.extend_from_slice(b"mem");
+    bad_queries.extend_from_slice(&u32::MAX.to_be_bytes());
+    c.option(opt::LIST_META_CONTEXT, &bad_queries).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
+    let long_name = "n".repeat(5000);
+    c.option(opt::INFO, &go_data(&long_name, &[])).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_TOO_BIG);
+    // Still usable: GO works.
+    c.option(opt::GO, &go_data("mem", &[info::BLOCK_SIZE])).await;
+    assert_eq!(c.option_replies().await.last().unwrap().1, rep::ACK);
+    c.request(0, cmd::READ, 9, 0, 4096, &[]).await;
+    let chunks = c.chunks().await;
+    assert_eq!((chunks[0].0.cookie, chunks[0].0.chunk_type), (9, reply_type::OFFSET_HOLE));
+
+    // A declared 4 GiB option that never arrives: dropped at the handshake timeout.
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    let mut msg = IHAVEOPT.to_be_bytes().to_vec();
+    msg.extend_from_slice(&0x1234u32.to_be_bytes());
+    msg.extend_from_slice(&u32::MAX.to_be_bytes());
+    c.send(&msg).await;
+    c.send(&[0; 4096]).await;
+    c.expect_closed().await;
+    // EXPORT_NAME longer than any name: closed (it cannot be answered with an error).
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::EXPORT_NAME, &vec![b'a'; 100_000]).await;
+    c.expect_closed().await;
+    assert_alive(&server).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_name_with_and_without_zeroes() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    // FIXED_NEWSTYLE without NO_ZEROES: 8 + 2 + 124 bytes.
+    let mut c = Raw::connect(&server).await;
+    c.start(1).await;
+    c.option(opt::EXPORT_NAME, b"ro").await;
+    let reply = c.read_exact(134).await;
+    assert_eq!(u64::from_be_bytes(reply[..8].try_into().unwrap()), 1 << 20);
+    let flags = u16::from_be_bytes(reply[8..10].try_into().unwrap());
+    assert_ne!(flags & tflags::READ_ONLY, 0);
+    assert!(reply[10..].iter().all(|&b| b == 0));
+    assert_eq!(c.read_ok(0, 512).await, pattern(9, 512));
+    // NO_ZEROES: exactly 10 bytes, then the first reply follows directly.
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::EXPORT_NAME, b"").await;
+    let reply = c.read_exact(10).await;
+    assert_eq!(u64::from_be_bytes(reply[..8].try_into().unwrap()), 64 << 20, "empty name = default export");
+    assert_eq!(c.read_ok(0, 512).await.len(), 512);
+    // Non-fixed newstyle client.
+    let mut c = Raw::connect(&server).await;
+    c.start(0).await;
+    c.option(opt::EXPORT_NAME, b"aligned").await;
+    assert_eq!(u64::from_be_bytes(c.read_exact(134).await[..8].try_into().unwrap()), 1 << 20);
+    // Unknown export: the only possible answer is closing.
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::EXPORT_NAME, b"missing").await;
+    c.expect_closed().await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_and_go_answer_identically() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::STRUCTURED_REPLY, &[]).await;
+    c.option_reply().await;
+    let infos = [info::NAME, info::DESCRIPTION, info::BLOCK_SIZE, 0x7777];
+    c.option(opt::INFO, &go_data("", &infos)).await;
+    let info_replies: Vec<_> = c.option_replies().await.into_iter().map(|(_, t, d)| (t, d)).collect();
+    c.option(opt::GO, &go_data("", &infos)).await;
+    let go_replies: Vec<_> = c.option_replies().await.into_iter().map(|(_, t, d)| (t, d)).collect();
+    assert_eq!(info_replies, go_replies);
+    let texts: Vec<_> = info_replies.iter().filter(|(t, _)| *t == rep::INFO).map(|(_, d)| d.clone()).collect();
+    assert!(texts.iter().any(|d| d[..2] == info::NAME.to_be_bytes() && &d[2..] == b"mem"));
+    assert!(texts.iter().any(|d| d[..2] == info::DESCRIPTION.to_be_bytes() && &d[2..] == b"the main test disk"));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_lengths_and_offsets_at_the_limits() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    let size = 64u64 << 20;
+    for structured in [false, true] {
+        let mut c = Raw::connect(&server).await;
+        c.go("mem", structured, None).await;
+        let cases: Vec<(u16, u16, u64, u32, Vec<u8>, u32)> = vec![
+            (0, cmd::READ, 0, u32::MAX, vec![], errno::EINVAL),
+            (0, cmd::READ, u64::MAX, 1, vec![], errno::EINVAL),
+            (0, cmd::READ, u64::MAX - 511, 1024, vec![], errno::EINVAL),
+            (0, cmd::READ, size, 0, vec![], 0),
+            (0, cmd::WRITE, u64::MAX - 511, 512, vec![7; 512], errno::ENOSPC),
+            (0, cmd::WRITE, size - 512, 1024, vec![7; 1024], errno::ENOSPC),
+            (0, cmd::WRITE_ZEROES, u64::MAX - 4095, 8192, vec![], errno::ENOSPC),
+            (0, cmd::TRIM, 0, u32::MAX, vec![], errno::EINVAL),
+            (0, cmd::CACHE, u64::MAX, u32::MAX, vec![], errno::EINVAL),
+            (0, cmd::BLOCK_STATUS, 0, 4096, vec![], errno::EINVAL),
+            (0, 99, 0, 0, vec![], errno::EINVAL),
+            (0x8000, cmd::READ, 0, 512, vec![], errno::EINVAL),
+            (0, cmd::FLUSH, 1, 0, vec![], errno::EINVAL),
+        ];
+        for (i, (flags, command, offset, len, payload, want)) in cases.into_iter().enumerate() {
+            let cookie = 0x1000 + i as u64;
+            c.request(flags, command, cookie, offset, len, &payload).await;
+            if structured {
+                let chunks = c.chunks().await;
+                assert!(chunks.iter().all(|ch| ch.0.cookie == cookie));
+                if want == 0 {
+                    assert_eq!(chunks.last().unwrap().0.chunk_type, reply_type::NONE);
+                } else {
+                    assert_eq!(chunks.len(), 1);
+                    assert_eq!(error_of_chunk(&chunks[0]), want, "case {i}");
+                }
+            } else {
+                let (error, got_cookie, _) = c.simple_reply(0).await;
+                assert_eq!((error, got_cookie), (want, cookie), "case {i}");
+            }
+            // After each refusal the connection is still in sync.
+            if structured {
+                c.request(0, cmd::READ, 1, 0, 512, &[]).await;
+                let chunks = c.chunks().await;
+                assert_eq!(chunks[0].0.cookie, 1);
+            } else {
+                assert_eq!(c.read_ok(0, 512).await.len(), 512);
+            }
+        }
+        // A 32 MiB WRITE (the maximum) is accepted.
+        let big = pattern(3, 32 << 20);
+        c.request(0, cmd::WRITE, 5, 0, 32 << 20, &big).await;
+        // Successful non-READ replies are simple replies even when structured ones were negotiated.
+        assert_eq!(c.simple_reply(0).await, (0, 5, vec![]));
+        // A WRITE announcing 2^32-1 bytes of payload is a denial of service: hard disconnect.
+        c.request(0, cmd::WRITE, 6, 0, u32::MAX, &[]).await;
+        c.expect_closed().await;
+        // So is a payload just over 32 MiB.
+        let mut c = Raw::connect(&server).await;
+        c.go("mem", structured, None).await;
+        c.request(0, cmd::WRITE, 7, 0, (32 << 20) + 1, &[]).await;
+        c.expect_closed().await;
+    }
+    assert_alive(&server).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_status_needs_a_context_for_the_same_export() {
+    let (server, _dir) = standard_server(quick_config()).await;
+    let mut c = Raw::connect(&server).await;
+    c.go("mem", true, Some("ro")).await;
+    c.request(0, cmd::BLOCK_STATUS, 1, 0, 4096, &[]).await;
+    let chunks = c.chunks().await;
+    assert_eq!(error_of_chunk(&chunks[0]), errno::EINVAL);
+    let mut c = Raw::connect(&server).await;
+    c.go("mem", true, Some("mem")).await;
+    c.request(0, cmd::BLOCK_STATUS, 2, 0, 4096, &[]).await;
+    let chunks = c.chunks().await;
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].0.chunk_type, reply_type::BLOCK_STATUS);
+    assert_eq!(chunks[0].1.len(), 12);
+    assert_eq!(&chunks[0].1[4..], &[0, 0, 0x10, 0, 0, 0, 0, 3], "one 4096-byte hole+zero extent");
+    server.stop().await.unwrap();
+}
+
+/// A device whose reads and writes wait until the test releases them, counting arrivals.
+struct GatedDevice {
+    inner: MemoryDevice,
+    gates: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    arrived: AtomicUsize,
+}
+
+impl GatedDevice {
+    fn new(size: u64) -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryDevice::new(size),
+            gates: Mutex::new(HashMap::new()),
+            arrived: AtomicUsize::new(0),
+        })
+    }
+
+    async fn gate(&self, offset: u64) {
+        let (tx, rx) = oneshot::channel();
+        self.gates.lock().unwrap().insert(offset, tx);
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        let _ = rx.await;
+    }
+
+    fn arrived(&self) -> usize {
+        self.arrived.load(Ordering::SeqCst)
+    }
+
+    async fn wait_arrived(&self, n: usize) {
+        let start = Instant::now();
+        while self.arrived() < n {
+            assert!(start.elapsed() < TIMEOUT, "only {} of {n} requests reached the device", self.arrived());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn release(&self, offset: u64) {
+        let tx = self.gates.lock().unwrap().remove(&offset).expect("request at offset is waiting");
+        tx.send(()).unwrap();
+    }
+}
+
+impl BlockDevice for GatedDevice {
+    fn info(&self) -> DeviceInfo {
+        self.inner.info()
+    }
+    fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
+        Box::pin(async move {
+            self.gate(offset).await;
+            self.inner.read(offset, len).await
+        })
+    }
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(async move {
+            self.gate(offset).await;
+            self.inner.write(offset, data, fua).await
+        })
+    }
+    fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.inner.flush()
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.inner.trim(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.inner.write_zeroes(offset, len, flags)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<Extent>>> {
+        self.inner.block_status(offset, len)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_all_reach_the_device_and_replies_follow_completion_order() {
+    let device = GatedDevice::new(64 << 20);
+    let server = ServerHandle::start(vec![Export::new("gated", device.clone())], ServerConfig::default()).await;
+    let mut c = Raw::connect(&server).await;
+    c.go("gated", false, None).await;
+    const N: u64 = 200;
+    for i in 0..N {
+        c.request(0, cmd::READ, i, i * 4096, 4096, &[]).await;
+    }
+    // All 200 are in flight at the device at once (>= 128 required).
+    device.wait_arrived(N as usize).await;
+    // Complete them in reverse order: replies must come back in that order.
+    for i in (0..N).rev() {
+        device.release(i * 4096);
+        let (error, cookie, data) = c.simple_reply(4096).await;
+        assert_eq!((error, cookie, data.len()), (0, i, 4096));
+    }
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_in_flight_are_bounded_and_apply_backpressure() {
+    let device = GatedDevice::new(256 << 20);
+    let config = ServerConfig { max_in_flight_bytes: 32 << 20, ..ServerConfig::default() };
+    let server = ServerHandle::start(vec![Export::new("gated", device.clone())], config).await;
+    let mut c = Raw::connect(&server).await;
+    c.go("gated", false, None).await;
+    let len = 16u32 << 20;
+    // Four 16 MiB reads: only two fit in the 32 MiB budget.
+    for i in 0..4u64 {
+        c.request(0, cmd::READ, i, i * u64::from(len), len, &[]).await;
+    }
+    device.wait_arrived(2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(device.arrived(), 2, "a third read was issued beyond the byte budget");
+    device.release(0);
+    let (error, cookie, _) = c.simple_reply(len as usize).await;
+    assert_eq!((error, cookie), (0, 0));
+    device.wait_arrived(3).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(device.arrived(), 3);
+    for i in 1..4u64 {
+        if i == 3 {
+            device.wait_arrived(4).await;
+        }
+        device.release(i * u64::from(len));
+        let (error, cookie, _) = c.simple_reply(len as usize).await;
+        assert_eq!((error, cookie), (0, i));
+    }
+    // Writes: the third payload is not even read from the socket until room frees up.
+    let payload = vec![1u8; len as usize];
+    let (mut rd, mut wr) = tokio::io::split(c.stream);
+    let sender = tokio::spawn(async move {
+        for i in 0..3u64 {
+            let mut msg = REQUEST_MAGIC.to_be_bytes().to_vec();
+            msg.extend_from_slice(&0u16.to_be_bytes());
+            msg.extend_from_slice(&cmd::WRITE.to_be_bytes());
+            msg.extend_from_slice(&(100 + i).to_be_bytes());
+            msg.extend_from_slice(&((128u64 << 20) | (i * u64::from(len))).to_be_bytes());
+            msg.extend_from_slice(&len.to_be_bytes());
+            wr.write_all(&msg).await.unwrap();
+            wr.write_all(&payload).await.unwrap();
+        }
+        wr
+    });
+    device.wait_arrived(6).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(device.arrived(), 6, "a third write was accepted beyond the byte budget");
+    device.release(128 << 20);
+    device.wait_arrived(7).await;
+    device.release((128 << 20) + u64::from(len));
+    device.release((128 << 20) + 2 * u64::from(len));
+    let _wr = sender.await.unwrap();
+    for _ in 0..3 {
+        let mut h = [0u8; 16];
+        rd.read_exact(&mut h).await.unwrap();
+        let reply = decode_simple_reply(&h).unwrap();
+        assert_eq!(reply.error, 0);
+    }
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_closes_excess_connections() {
+    let (server, _dir) = standard_server(ServerConfig { max_connections: 2, ..ServerConfig::default() }).await;
+    let mut a = Raw::connect(&server).await;
+    a.greeting().await;
+    let mut b = Raw::connect(&server).await;
+    b.greeting().await;
+    let mut c = Raw::connect(&server).await;
+    c.expect_closed().await;
+    drop(a);
+    // Once a slot frees up, new connections are served again.
+    let start = Instant::now();
+    loop {
+        let mut d = Raw::connect(&server).await;
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(TIMEOUT, d.stream.read(&mut first)).await {
+            Ok(Ok(1)) => break,
+            _ => assert!(start.elapsed() < TIMEOUT, "no slot was freed"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first connections are still being served.
+    b.send(&3u32.to_be_bytes()).await;
+    b.option(opt::LIST, &[]).await;
+    assert_eq!(b.option_replies().await.len(), 6);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_in_flight_requests_then_flushes_and_closes() {
+    let device = GatedDevice::new(64 << 20);
+    let server = ServerHandle::start(vec![Export::new("gated", device.clone())], ServerConfig::default()).await;
+    let addr = server.addr;
+    let mut c = Raw::connect(&server).await;
+    c.go("gated", false, None).await;
+    c.request(0, cmd::WRITE, 42, 8192, 4096, &pattern(5, 4096)).await;
+    device.wait_arrived(1).await;
+    let flushes_before = device.inner.flush_count();
+    let stopping = tokio::spawn(server.stop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!stopping.is_finished(), "shutdown did not wait for the in-flight write");
+    // New connections are no longer accepted.
+    if let Ok(mut s) = TcpStream::connect(addr).await {
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(TIMEOUT, s.read(&mut buf)).await.expect("refused in time").unwrap_or(0);
+        assert_eq!(n, 0, "a connection was accepted during shutdown");
+    }
+    device.release(8192);
+    let (error, cookie, _) = c.simple_reply(0).await;
+    assert_eq!((error, cookie), (0, 42), "in-flight write completed and was answered");
+    c.expect_closed().await;
+    stopping.await.unwrap().unwrap();
+    assert!(device.inner.flush_count() > flushes_before, "device flushed at shutdown");
+    let data = device.inner.read(8192, 4096).await.unwrap();
+    assert_eq!(data, vec![ReadChunk::Data(Bytes::from(pattern(5, 4096)))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_listener_serves_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nbd.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let server =
+        Server::new(vec![Export::new("u", Arc::new(MemoryDevice::new(1 << 20)))], ServerConfig::default()).unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let serving = tokio::spawn({
+        let server = server.clone();
+        async move {
+            server
+                .serve(listener, async move {
+                    let _ = rx.await;
+                })
+                .await
+        }
+    });
+    let stream = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let mut c = Raw { stream };
+    let (size, _) = c.go("", true, None).await;
+    assert_eq!(size, 1 << 20);
+    c.request(0, cmd::WRITE, 1, 512, 512, &pattern(8, 512)).await;
+    assert_eq!(decode_simple_reply(&c.read_exact(16).await).unwrap().error, 0);
+    c.request(0, cmd::READ, 2, 512, 512, &[]).await;
+    let chunks = c.chunks().await;
+    assert_eq!(chunks[0].0.chunk_type, reply_type::OFFSET_DATA);
+    assert_eq!(&chunks[0].1[8..], &pattern(8, 512)[..]);
+    c.request(0, cmd::DISC, 3, 0, 0, &[]).await;
+    c.expect_closed().await;
+    tx.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_headers_refused_then_qemu_10_style_fallback() {
+    // qemu >= 8.2 opens with EXTENDED_HEADERS; on ERR_UNSUP it continues with
+    // STRUCTURED_REPLY, SET_META_CONTEXT, GO (observed with qemu-io 10.0.2).
+    let (server, _dir) = standard_server(quick_config()).await;
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::EXTENDED_HEADERS, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_UNSUP);
+    c.option(opt::STRUCTURED_REPLY, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ACK);
+    c.option(opt::SET_META_CONTEXT, &meta_query("mem", &["base:allocation"])).await;
+    assert_eq!(c.option_replies().await.len(), 2);
+    c.option(opt::GO, &go_data("mem", &[info::BLOCK_SIZE])).await;
+    assert_eq!(c.option_replies().await.last().unwrap().1, rep::ACK);
+    // Compact requests and structured replies, never extended ones.
+    c.request(0, cmd::BLOCK_STATUS, 77, 0, 1 << 20, &[]).await;
+    let chunks = c.chunks().await;
+    assert_eq!((chunks[0].0.chunk_type, chunks[0].0.cookie), (reply_type::BLOCK_STATUS, 77));
+    server.stop().await.unwrap();
+}

@@ -1,0 +1,204 @@
+//! Write intent: the engine side of md's write-intent bitmap.
+//!
+//! Before any member write, the bits of the resync chunks it touches must be durable on
+//! every member; after the writes complete and a later member flush made them durable, a
+//! sweep clears the bits that saw no writes for a whole sweep interval (md clears after two
+//! daemon passes). After an unclean stop only chunks whose bit is set need a resync, and
+//! bits are kept while the array is degraded or resyncing.
+//!
+//! Ordering, the part that is easy to get wrong:
+//! - A writer never issues data writes before its chunks' bits are durable, even when
+//!   another writer set the bit first and is still writing the bitmap (generations).
+//! - A sweep clears on disk only bits that are still clear in memory when it writes, so a
+//!   bit re-set by a writer after the sweep decided is never lost.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Mutex;
+
+use super::{Array, META_LOCK_KEY, StateChange};
+use crate::error::Result;
+use crate::member::Member;
+
+struct Inner {
+    /// Bits set in memory (durable once their generation is persisted).
+    set: HashSet<u64>,
+    /// Set bits not yet persisted, with the generation that set them.
+    pending: HashMap<u64, u64>,
+    generation: u64,
+    persisted: u64,
+    inflight: HashMap<u64, u32>,
+    /// Chunks written since the last sweep.
+    touched: HashSet<u64>,
+}
+
+pub(crate) struct WriteIntent {
+    /// Resync sectors per bit.
+    pub chunk_sectors: u64,
+    pub chunks: u64,
+    inner: Mutex<Inner>,
+}
+
+/// Chunks with writes in flight; released on drop.
+pub(crate) struct IntentGuard<'a> {
+    intent: Option<&'a WriteIntent>,
+    chunks: Range<u64>,
+}
+
+impl Drop for IntentGuard<'_> {
+    fn drop(&mut self) {
+        let Some(intent) = self.intent else { return };
+        let mut inner = intent.inner.lock().expect("intent lock");
+        for c in self.chunks.clone() {
+            let n = inner.inflight.get_mut(&c).expect("chunk in flight");
+            *n -= 1;
+            if *n == 0 {
+                inner.inflight.remove(&c);
+            }
+        }
+    }
+}
+
+impl WriteIntent {
+    pub fn new(chunk_sectors: u64, chunks: u64, dirty: &[u64]) -> Self {
+        assert!(chunk_sectors > 0);
+        WriteIntent {
+            chunk_sectors,
+            chunks,
+            inner: Mutex::new(Inner {
+                set: dirty.iter().copied().collect(),
+                pending: HashMap::new(),
+                generation: 0,
+                persisted: 0,
+                inflight: HashMap::new(),
+                touched: HashSet::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("intent lock")
+    }
+
+    /// Whether any chunk of resync sectors `range` has its bit set.
+    pub fn any_set(&self, range: Range<u64>) -> bool {
+        let inner = self.lock();
+        (range.start / self.chunk_sectors..range.end.div_ceil(self.chunk_sectors)).any(|c| inner.set.contains(&c))
+    }
+
+    pub fn dirty_chunks(&self) -> u64 {
+        self.lock().set.len() as u64
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// Enables write intent with md bitmap chunks of `chunk_sectors` resync sectors; `dirty`
+    /// lists the bits set on disk at assembly.
+    pub fn with_write_intent(mut self, chunk_sectors: u64, chunks: u64, dirty: &[u64]) -> Self {
+        self.intent = Some(WriteIntent::new(chunk_sectors, chunks, dirty));
+        self
+    }
+
+    /// Bitmap chunks currently marked dirty (`None` without a bitmap).
+    pub fn dirty_bitmap_chunks(&self) -> Option<u64> {
+        self.intent.as_ref().map(WriteIntent::dirty_chunks)
+    }
+
+    /// Marks resync sectors `range` as being written and waits until that is durable.
+    pub(crate) async fn intent_begin(&self, range: Range<u64>) -> Result<IntentGuard<'_>> {
+        let Some(intent) = &self.intent else { return Ok(IntentGuard { intent: None, chunks: 0..0 }) };
+        let chunks = range.start / intent.chunk_sectors..range.end.div_ceil(intent.chunk_sectors).min(intent.chunks);
+        let need = {
+            let mut inner = intent.lock();
+            let mut need = 0;
+            inner.generation += 1;
+            let generation = inner.generation;
+            for c in chunks.clone() {
+                *inner.inflight.entry(c).or_insert(0) += 1;
+                inner.touched.insert(c);
+                if inner.set.insert(c) {
+                    inner.pending.insert(c, generation);
+                }
+                need = need.max(inner.pending.get(&c).copied().unwrap_or(0));
+            }
+            need
+        };
+        let guard = IntentGuard { intent: Some(intent), chunks };
+        if need > intent.lock().persisted {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            let (set, generation) = {
+                let mut inner = intent.lock();
+                if inner.persisted >= need {
+                    (Vec::new(), inner.persisted)
+                } else {
+                    let set: Vec<u64> = inner.pending.drain().map(|(c, _)| c).collect();
+                    (set, inner.generation)
+                }
+            };
+            if !set.is_empty() {
+                self.persist_locked(StateChange::Bitmap { set, clear: Vec::new() }).await;
+                let mut inner = intent.lock();
+                inner.persisted = inner.persisted.max(generation);
+            }
+        }
+        Ok(guard)
+    }
+
+    /// One sweep: clears bits of chunks not written since the previous sweep, after a
+    /// member flush made their data durable. Skipped while degraded or resyncing.
+    pub async fn intent_sweep(&self) -> Result<u64> {
+        let Some(intent) = &self.intent else { return Ok(0) };
+        if !self.is_optimal() || self.maintenance_status().resync_pending {
+            return Ok(0);
+        }
+        let candidates: Vec<u64> = {
+            let mut inner = intent.lock();
+            let c = inner
+                .set
+                .iter()
+                .copied()
+                .filter(|c| !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c))
+                .collect();
+            inner.touched.clear();
+            c
+        };
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        self.flush().await?;
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        let clear: Vec<u64> = {
+            let mut inner = intent.lock();
+            let clear: Vec<u64> = candidates
+                .into_iter()
+                .filter(|c| !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c))
+                .collect();
+            for c in &clear {
+                inner.set.remove(c);
+            }
+            clear
+        };
+        let n = clear.len() as u64;
+        if n > 0 {
+            self.persist_locked(StateChange::Bitmap { set: Vec::new(), clear }).await;
+        }
+        Ok(n)
+    }
+
+    /// Clears every bit (orderly stop, after the final flush).
+    pub(crate) async fn intent_clear_all_locked(&self) {
+        let Some(intent) = &self.intent else { return };
+        let clear: Vec<u64> = {
+            let mut inner = intent.lock();
+            if !inner.inflight.is_empty() {
+                return;
+            }
+            inner.pending.clear();
+            inner.touched.clear();
+            inner.set.drain().collect()
+        };
+        if !clear.is_empty() {
+            self.persist_locked(StateChange::Bitmap { set: Vec::new(), clear }).await;
+        }
+    }
+}

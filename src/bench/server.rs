@@ -1,0 +1,268 @@
+//! Building an array from fresh members and serving it with this very binary.
+//!
+//! The bench runs `raidnbd create` and `raidnbd serve` as child processes of
+//! `std::env::current_exe()`, on a free 127.0.0.1 port: the same binary, code path and
+//! flags users run, not an in-process shortcut. Members are sparse files in a fresh
+//! directory (removed afterwards unless `--keep`) or the `--devices` given.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+
+use super::plan::ArraySpec;
+use crate::cli::{CacheMode, MemberIoArgs};
+
+/// Export name the bench serves.
+pub const EXPORT: &str = "bench";
+
+/// The directory holding member files and logs; removed on drop unless kept.
+pub struct Workspace {
+    pub root: PathBuf,
+    keep: bool,
+}
+
+impl Workspace {
+    /// Makes `raidnbd-bench-PID-TIME` inside `parent` (default /var/tmp, else the current directory).
+    pub fn new(parent: Option<&Path>, keep: bool) -> Result<Self> {
+        let parent = match parent {
+            Some(p) => p.to_path_buf(),
+            None if Path::new("/var/tmp").is_dir() => PathBuf::from("/var/tmp"),
+            None => std::env::current_dir().context("cannot find the current directory")?,
+        };
+        let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        let root = parent.join(format!("raidnbd-bench-{}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+        Ok(Self { root, keep })
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// The members of one array; temporary files are deleted on drop unless kept.
+pub struct Members {
+    pub paths: Vec<String>,
+    /// Array size as `create` reported it.
+    pub array_bytes: Option<u64>,
+    files_dir: Option<PathBuf>,
+    keep: bool,
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.files_dir
+            && !self.keep
+        {
+            for path in &self.paths {
+                let _ = std::fs::remove_file(path);
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn exe() -> Result<PathBuf> {
+    std::env::current_exe().context("cannot find the raidnbd executable")
+}
+
+/// Creates `array` on fresh members: sparse files under `workspace`, or `devices`.
+pub fn create_array(
+    array: &ArraySpec,
+    workspace: &Workspace,
+    devices: &[String],
+    member_bytes: u64,
+    keep: bool,
+) -> Result<Members> {
+    let mut args: Vec<String> = vec!["create".into()];
+    args.extend(array.create_args());
+    args.extend(["--name".into(), EXPORT.into()]);
+    let (paths, files_dir) = if devices.is_empty() {
+        let dir = workspace.root.join(array.id());
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let paths: Vec<String> =
+            (0..array.members).map(|i| dir.join(format!("member{i}.img")).to_string_lossy().into_owned()).collect();
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        args.extend(["--size".into(), member_bytes.to_string()]);
+        (paths, Some(dir))
+    } else {
+        args.push("--force".into());
+        (devices[..array.members].to_vec(), None)
+    };
+    args.extend(paths.iter().cloned());
+    let mut members = Members { paths, array_bytes: None, files_dir, keep };
+    let out = Command::new(exe()?)
+        .args(&args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run raidnbd create")?;
+    if !out.status.success() {
+        bail!("raidnbd {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    members.array_bytes = reported_bytes(&String::from_utf8_lossy(&out.stdout));
+    Ok(members)
+}
+
+/// The `(N bytes)` that `raidnbd create` prints.
+fn reported_bytes(stdout: &str) -> Option<u64> {
+    let end = stdout.find(" bytes)")?;
+    let start = stdout[..end].rfind('(')? + 1;
+    stdout[start..end].trim().parse().ok()
+}
+
+/// A serve attempt: running, or refused because a feature is not available yet.
+pub enum Served {
+    Running(ServedArray),
+    Unavailable(String),
+}
+
+/// A `raidnbd serve` child process; killed on drop.
+pub struct ServedArray {
+    child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn value_name<T: ValueEnum>(v: &T) -> String {
+    v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_string())
+}
+
+/// The member I/O flags of `serve`, as given to the bench.
+pub fn member_io_flags(io: &MemberIoArgs) -> Vec<String> {
+    let mut flags = vec!["--io".to_string(), value_name(&io.io)];
+    if let Some(bw) = io.member_bw {
+        flags.extend(["--member-bw".into(), bw.to_string()]);
+    }
+    if let Some(iops) = io.member_iops {
+        flags.extend(["--member-iops".into(), iops.to_string()]);
+    }
+    if io.buffered {
+        flags.push("--buffered".into());
+    }
+    flags
+}
+
+/// Starts `raidnbd serve` on `members` and waits until it accepts connections.
+pub fn serve(members: &[String], cache: CacheMode, io: &MemberIoArgs, log: &Path) -> Result<Served> {
+    let port = free_port()?;
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--export".into(),
+        EXPORT.into(),
+        "--cache".into(),
+        value_name(&cache),
+    ];
+    args.extend(member_io_flags(io));
+    args.extend(members.iter().cloned());
+    let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let child = Command::new(exe()?)
+        .args(&args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .context("cannot start raidnbd serve")?;
+    let mut served = ServedArray { child, port, log: log.to_path_buf() };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = served.child.try_wait().context("waiting for raidnbd serve")? {
+            let text = served.log_text();
+            let error = text.lines().rev().find(|l| l.contains("error")).unwrap_or("").trim().to_string();
+            if error.contains("not available") {
+                return Ok(Served::Unavailable(error.trim_start_matches("raidnbd: error: ").to_string()));
+            }
+            bail!("raidnbd {} exited ({status}) before serving: {}", args.join(" "), text.trim());
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(Served::Running(served));
+        }
+        if Instant::now() > deadline {
+            bail!("raidnbd serve did not listen on 127.0.0.1:{port} within 60s; log:\n{}", served.log_text());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl ServedArray {
+    pub fn uri(&self) -> String {
+        format!("nbd://127.0.0.1:{}/{EXPORT}", self.port)
+    }
+
+    /// Whether the server process is still alive.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM (drain, flush, mark clean), then wait; errors if it exits badly.
+    pub fn stop(mut self) -> Result<()> {
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("raidnbd serve exited with {status}; log:\n{}", self.log_text());
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("raidnbd serve did not stop within 120s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ServedArray {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::IoEngine;
+
+    #[test]
+    fn reads_the_created_size() {
+        let out = "created raid5 array 'bench': 4 members, 64K chunk, left-symmetric, size 3.0 GiB (3218866176 bytes), UUID x";
+        assert_eq!(reported_bytes(out), Some(3218866176));
+        assert_eq!(reported_bytes("nothing"), None);
+    }
+
+    #[test]
+    fn passes_member_io_flags_through() {
+        let io =
+            MemberIoArgs { io: IoEngine::Auto, member_bw: Some(20 << 20), member_iops: Some(200), buffered: false };
+        assert_eq!(member_io_flags(&io), ["--io", "auto", "--member-bw", "20971520", "--member-iops", "200"]);
+    }
+}
