@@ -101,7 +101,14 @@ proptest! {
 #[test]
 fn raid5_left_symmetric_big_chunk() {
     // 4 MiB chunks, the largest the issue asks for, with a few hand-picked requests.
-    let config = Config { level: Level::Raid5, layout: ParityLayout::LeftSymmetric as u32, members: 3, chunk_sectors: 8192, stripes: 2, unequal_seed: 0 };
+    let config = Config {
+        level: Level::Raid5,
+        layout: ParityLayout::LeftSymmetric as u32,
+        members: 3,
+        chunk_sectors: 8192,
+        stripes: 2,
+        unequal_seed: 0,
+    };
     let mut rig = Rig::new(&config);
     let size = rig.size();
     let ops = vec![
