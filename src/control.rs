@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result, anyhow, bail};
 use member_io::FaultOps;
 use raid_core::engine::{Array, MaintenanceWork, SlotState};
+use raid_core::md::Superblock;
 use raid_core::{Member, SECTOR_BYTES};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -29,7 +30,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::create::describe_layout;
 use crate::maintenance::Worker;
-use crate::open::{MemberOpenOptions, open_member};
+use crate::open::{MemberOpenOptions, open_member, read_superblock_area};
 
 /// Longest request line accepted.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
@@ -137,7 +138,12 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
         "remove" => array.remove_device(str_field(request, "member")?).await.map_err(err)?,
         "add" => {
             let member = open_for_array(export, str_field(request, "path")?)?;
-            array.add_spare(member).await.map_err(err)?;
+            match returning_role(array, member.as_ref()).await {
+                Some(role) => array.re_add(role, member).await.map_err(err)?,
+                None => {
+                    array.add_spare(member).await.map_err(err)?;
+                }
+            }
         }
         "replace" => {
             let old = str_field(request, "member")?;
@@ -180,6 +186,19 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
     }
     export.worker.wake.notify_one();
     Ok(json!({}))
+}
+
+/// The failed role a returning member can resume with a bitmap-based recovery: its
+/// superblock is this array's, its role is failed now, and the bitmap has covered every
+/// write since it left (its events are at least the bitmap's events_cleared, as md checks).
+async fn returning_role(array: &Array<dyn Member>, member: &dyn Member) -> Option<usize> {
+    let summary = array.metadata_summary()?;
+    let cleared = summary.bitmap_events_cleared?;
+    let area = read_superblock_area(member).await.ok()?;
+    let sb = Superblock::decode(&area).ok()?;
+    let role = sb.role().active()?;
+    let failed = array.failed_roles().contains(&role);
+    (sb.set_uuid.0 == summary.uuid && sb.events >= cleared && failed).then_some(role)
 }
 
 /// Opens a new member for `export` the way its members were opened.

@@ -168,3 +168,28 @@ fn member_is_replaced_online_and_rebuild_resumes_after_restart() {
     served.stop();
     assert_ok(&raidnbd(d, &["check", "m0", "new", "spare"]));
 }
+
+#[test]
+fn returning_member_is_re_added_from_the_bitmap() {
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--bitmap", "internal", "--size", "64M", "m0", "m1", "m2", "m3"]));
+    let socket = d.join("c.sock");
+    let sock = socket.to_str().unwrap().to_string();
+    let served = Served::start(d, "a", &["--fault-injection", "--control", &sock], &["m0", "m1", "m2", "m3"]);
+    let uri = served.uri("a");
+    workload(d, &uri, &["write", "21", "100"]);
+    let m2 = d.join("m2").to_string_lossy().into_owned();
+    ctl(d, &socket, &["fault", &m2, "all"]);
+    workload(d, &uri, &["write", "22", "100"]);
+    let s = status(d, &socket);
+    assert_eq!(s["roles"][2]["state"], "faulty", "{s:#}");
+    // The member comes back (the fault is gone): re-added, only dirty chunks copied.
+    ctl(d, &socket, &["add", &m2]);
+    let s = wait_for(d, &socket, "re-add recovery", all_in_sync);
+    assert!(s["roles"][2]["member"].as_str().unwrap().ends_with("/m2"), "{s:#}");
+    assert!(served.log_text().contains("member re-added"), "bitmap-based re-add, not a spare rebuild");
+    workload(d, &uri, &["verify"]);
+    served.stop();
+    assert_ok(&raidnbd(d, &["check", "m0", "m1", "m2", "m3"]));
+}

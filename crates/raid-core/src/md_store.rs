@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::buf::AlignedBuf;
-use crate::engine::{MetadataStore, StateChange, SuperblockWrite};
+use crate::engine::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 use crate::error::{ErrorKind, RaidError};
 use crate::md::{ArrayMetadata, Bitmap, DevRole, FeatureMap, MAX_DEV, MdUuid, MemberMetadata, SUPERBLOCK_BYTE_OFFSET};
 
@@ -116,6 +116,14 @@ fn random_uuid() -> MdUuid {
 }
 
 impl MetadataStore for MdStore {
+    fn summary(&self) -> MetadataSummary {
+        MetadataSummary {
+            uuid: self.metadata.uuid.0,
+            events: self.metadata.events,
+            bitmap_events_cleared: self.bitmap.as_ref().map(|b| b.events_cleared),
+        }
+    }
+
     fn apply(&mut self, change: &StateChange) -> Result<Vec<SuperblockWrite>, RaidError> {
         match *change {
             StateChange::Dirty => self.metadata.set_dirty(),

@@ -349,6 +349,9 @@ impl<M: Member + ?Sized> Array<M> {
             let first = start / chunk;
             let count = self.units_for(max_bytes, chunk).min(pg.stripes() - first);
             for stripe in first..first + count {
+                if replacement.is_none() && self.clean_in_bitmap(role, stripe * chunk..(stripe + 1) * chunk) {
+                    continue;
+                }
                 self.rebuild_stripe(stripe, role, replacement).await?;
             }
             return Ok(((first + count) * chunk, count * chunk * SECTOR_BYTES));
@@ -360,9 +363,18 @@ impl<M: Member + ?Sized> Array<M> {
         };
         let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
         let mut member_sector = start;
+        // A bitmap re-add copies whole bitmap chunks only: do not cross their boundaries.
+        let bitmap_chunk = self.intent.as_ref().filter(|_| self.slots[role].bitmap_recovery.load(Ordering::Acquire)).map(|i| i.chunk_sectors);
         while member_sector < end {
-            let run = (piece - member_sector % piece).min(end - member_sector);
-            if let Some(array_sector) = self.geometry.array_sector_of(role, member_sector) {
+            let mut run = (piece - member_sector % piece).min(end - member_sector);
+            if let Some(c) = bitmap_chunk
+                && self.geometry.level() == crate::geometry::Level::Raid1
+            {
+                run = run.min(c - member_sector % c);
+            }
+            if let Some(array_sector) = self.geometry.array_sector_of(role, member_sector)
+                && (replacement.is_some() || !self.clean_in_bitmap(role, array_sector..array_sector + run))
+            {
                 self.rebuild_mirror_piece(role, member_sector, array_sector, run, replacement).await?;
             }
             member_sector += run;
@@ -498,6 +510,43 @@ impl<M: Member + ?Sized> Array<M> {
             job.counts += counts;
         }
         Ok(Step::Worked { work, bytes: counts.scrubbed_bytes })
+    }
+
+    /// During a bitmap-based re-add: whether resync sectors `range` were not written while
+    /// the member was away (so it already holds them).
+    fn clean_in_bitmap(&self, role: usize, range: std::ops::Range<u64>) -> bool {
+        self.slots[role].bitmap_recovery.load(Ordering::Acquire)
+            && self.intent.as_ref().is_some_and(|intent| !intent.any_set(range))
+    }
+
+    /// Brings a member that left `role` back (md's re-add). The caller checked it belongs to
+    /// this array and that the bitmap covers the time it was away (its events are at least
+    /// the bitmap's events_cleared): only chunks written meanwhile are copied.
+    pub async fn re_add(&self, role: usize, member: Arc<M>) -> Result<()> {
+        let slot = self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
+        if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
+            return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
+        }
+        if self.intent.is_none() {
+            return Err(RaidError::new(ErrorKind::Refused, "the array has no write-intent bitmap: add it as a spare"));
+        }
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        // The failed device (often this very member) leaves the role first.
+        if let Some(old) = slot.take_device() {
+            self.persist_locked(StateChange::Remove { device: old.id }).await;
+        }
+        let device = self.new_device(member).await?;
+        self.spares.lock().expect("spares lock").push(device.clone());
+        let added = self.try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() }).await;
+        self.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
+        added?;
+        self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
+        slot.bitmap_recovery.store(true, Ordering::Release);
+        slot.install(device.clone(), Some(0));
+        tracing::info!(role, member = device.member.name(), "member re-added: copying only chunks written while it was away");
+        drop(_g);
+        self.maintenance.wake();
+        Ok(())
     }
 
     /// The data offset new devices get: the same as the array's current devices.

@@ -53,8 +53,20 @@ pub struct SuperblockWrite {
     pub image: AlignedBuf,
 }
 
+/// What the metadata says about the array, for decisions outside the engine (re-add).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataSummary {
+    pub uuid: [u8; 16],
+    pub events: u64,
+    /// The bitmap's events_cleared: a returning member whose events are at least this only
+    /// needs the chunks dirty in the bitmap copied (md's re-add).
+    pub bitmap_events_cleared: Option<u64>,
+}
+
 /// Model of the on-disk metadata that turns state changes into superblock images.
 pub trait MetadataStore: Send {
+    fn summary(&self) -> MetadataSummary;
+
     /// Applies `change` (bumping the event counter as md does) and returns the images
     /// to write, one per device that should receive it. An error means the change is
     /// impossible (e.g. no free slot for a new device); nothing was changed.

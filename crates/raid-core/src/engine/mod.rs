@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use futures::future::join_all;
 
 pub use lock_table::{LockGuard, LockTable};
-pub use metadata::{MetadataStore, StateChange, SuperblockWrite};
+pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 pub use read_data::{ReadData, Segment};
 pub use scrub::ScrubCounts;
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, Step};
@@ -204,6 +204,11 @@ impl<M: Member + ?Sized> Array<M> {
                 }),
             })
             .collect()
+    }
+
+    /// The metadata store's summary (`None` without metadata).
+    pub fn metadata_summary(&self) -> Option<MetadataSummary> {
+        self.metadata.as_ref().map(|m| m.lock().expect("metadata lock").summary())
     }
 
     /// Names and device ids of the spares.

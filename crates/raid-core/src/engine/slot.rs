@@ -17,7 +17,7 @@
 //! request samples them when it plans its I/O, and any I/O error marks the member faulty
 //! before the request is retried.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::member::Member;
@@ -86,6 +86,9 @@ pub(crate) struct Slot<M: ?Sized> {
     state: AtomicU8,
     recovery_offset_sectors: AtomicU64,
     replacement: RwLock<Option<Arc<Replacement<M>>>>,
+    /// The recovering device is a returning member: only chunks dirty in the write-intent
+    /// bitmap need copying (md's bitmap-based re-add).
+    pub bitmap_recovery: AtomicBool,
     /// Bytes of reads in flight, for read balancing between copies.
     pub inflight_read_bytes: AtomicU64,
 }
@@ -97,6 +100,7 @@ impl<M: Member + ?Sized> Slot<M> {
             state: AtomicU8::new(SlotState::Missing as u8),
             recovery_offset_sectors: AtomicU64::new(0),
             replacement: RwLock::new(None),
+            bitmap_recovery: AtomicBool::new(false),
             inflight_read_bytes: AtomicU64::new(0),
         };
         if let Some(rm) = member {
@@ -151,6 +155,7 @@ impl<M: Member + ?Sized> Slot<M> {
     }
 
     pub fn set_in_sync(&self) {
+        self.bitmap_recovery.store(false, Ordering::Release);
         self.recovery_offset_sectors.store(u64::MAX, Ordering::Release);
         self.state.store(SlotState::InSync as u8, Ordering::Release);
     }
