@@ -90,3 +90,28 @@ fn raid1_survives_sigkill() {
 fn raid10_survives_sigkill() {
     crash_rounds("10", 4, 300..304);
 }
+
+#[test]
+fn dirty_degraded_parity_array_starts_read_only_unless_forced() {
+    require_tool("qemu-io", "qemu-utils");
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--size", "32M", "m0", "m1", "m2"]));
+    let mut served = Served::start(d, "a", &[], &["m0", "m1", "m2"]);
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 9 0 1M", &served.uri("a")]));
+    served.child.kill().unwrap(); // unclean: the array stays dirty
+    served.child.wait().unwrap();
+
+    let served = Served::start(d, "a", &[], &["m0", "m1"]);
+    let log = served.log_text();
+    assert!(log.contains("write hole") && log.contains("READ-ONLY"), "explains the write hole: {log}");
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-r", "-c", "read -P 9 0 1M", &served.uri("a")]));
+    let out = Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 8 0 4k", &served.uri("a")]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("Operation not permitted") || text.contains("read-only") || !out.status.success(), "write refused: {text}");
+    drop(served);
+
+    let served = Served::start(d, "a", &["--force"], &["m0", "m1"]);
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 8 0 4k", "-c", "read -P 8 0 4k", &served.uri("a")]));
+    served.stop();
+}
