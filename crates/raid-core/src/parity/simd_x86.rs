@@ -10,9 +10,6 @@
 //! [`super::syndrome`], after `is_x86_feature_detected!` said yes (see
 //! [`super::ParityImpl::is_available`]); that is what makes the intrinsic calls sound.
 
-// AVX-512 and GFNI intrinsics are stable since Rust 1.89; the workspace still declares
-// rust-version 1.88 (project machines run 1.95). Raising it to 1.89 makes this allow moot.
-#![allow(clippy::incompatible_msrv)]
 
 use std::arch::x86_64::*;
 

@@ -147,7 +147,7 @@ fn available() -> Vec<ParityImpl> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// md slot order (exponents 0..m−1): P and Q equal gf256's raid6::format (= Linux md).
     #[test]
