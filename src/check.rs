@@ -23,6 +23,7 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
         io: MemberIoArgs { io: IoEngine::Auto, member_bw: None, member_iops: None, buffered: false },
         read_only: !args.repair,
         faults: None,
+        metrics: None,
     };
     let opened = open_array(&args.members, &options, false).await?;
     let array = opened.array;

@@ -189,6 +189,9 @@ pub struct ServeArgs {
     /// Testing: wrap members so `raidnbd ctl fault` can make them fail.
     #[arg(long, hide = true)]
     pub fault_injection: bool,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. 127.0.0.1:9109 (off by default).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
     /// Member files or block devices, in any order.
     #[arg(value_name = "MEMBER")]
     pub members: Vec<String>,

@@ -69,7 +69,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         bail!("raid1 has no chunk size; drop --chunk");
     }
     let name = args.name.clone().unwrap_or_else(|| "raidnbd".to_string());
-    let options = MemberOpenOptions { io: MemberIoArgs { buffered: true, ..default_io() }, read_only: false, faults: None };
+    let options = MemberOpenOptions { io: MemberIoArgs { buffered: true, ..default_io() }, read_only: false, faults: None, metrics: None };
 
     let mut slots: Vec<Option<(String, Arc<dyn Member>)>> = Vec::new();
     for (i, arg) in args.members.iter().enumerate() {

@@ -18,6 +18,7 @@ fn read_only_options() -> MemberOpenOptions {
         io: MemberIoArgs { io: crate::cli::IoEngine::Threads, member_bw: None, member_iops: None, buffered: true },
         read_only: true,
         faults: None,
+        metrics: None,
     }
 }
 

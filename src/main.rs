@@ -15,6 +15,7 @@ mod ctl;
 mod export;
 mod inspect;
 mod maintenance;
+mod metrics;
 mod open;
 mod quickstart;
 mod serve;

@@ -1,7 +1,8 @@
 //! Opening members and assembling the array they form.
 //!
 //! ```text
-//!  paths ─► open_member (io_uring / threads, O_DIRECT) ─► optional Throttled ─► Arc<dyn Member>
+//!  paths ─► open_member (io_uring / threads, O_DIRECT) ─► optional Throttled ─► optional Faulty
+//!        ─► optional MeteredMember (serve --metrics) ─► Arc<dyn Member>
 //!        ─► read 4 KiB at byte 4096 ─► md::Candidate ─► md::assemble ─► Geometry + RoleMembers
 //!        ─► engine::Array (with MdStore: state changes go to the superblocks)
 //! ```
@@ -29,6 +30,8 @@ pub struct MemberOpenOptions {
     pub read_only: bool,
     /// Wrap every member in a fault injector registered here (testing).
     pub faults: Option<FaultRegistry>,
+    /// Record every member's I/O in these export metrics (`serve --metrics`).
+    pub metrics: Option<Arc<crate::metrics::ExportMetrics>>,
 }
 
 impl MemberOpenOptions {
@@ -65,6 +68,9 @@ pub fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Me
         let control = FaultControl::new();
         registry.lock().expect("fault registry").insert(name, control.clone());
         member = Arc::new(Faulty::new(member, control));
+    }
+    if let Some(metrics) = &options.metrics {
+        member = metrics.meter_member(member);
     }
     Ok(member)
 }

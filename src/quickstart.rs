@@ -58,6 +58,7 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
         force: false,
         control: None,
         fault_injection: false,
+        metrics: None,
         members: paths,
     })
     .await

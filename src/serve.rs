@@ -8,6 +8,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use nbd_server::{BlockDevice, Export, Server, ServerConfig};
 use raid_core::Member;
 use raid_core::engine::Array;
+use raid_core::write_cache::WriteCache;
 
 use crate::cli::{CacheMode, MemberIoArgs, ServeArgs};
 use crate::config;
@@ -31,7 +32,7 @@ fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
             bail!("no members given: raidnbd serve MEMBER... (or --config FILE)");
         }
         let name = args.export.clone().unwrap_or_default();
-        let options = MemberOpenOptions { io: args.io.clone(), read_only: args.read_only, faults: faults(args) };
+        let options = MemberOpenOptions { io: args.io.clone(), read_only: args.read_only, faults: faults(args), metrics: None };
         return Ok((args.listen, vec![ExportPlan { name, members: args.members.clone(), options }]));
     };
     if !args.members.is_empty() {
@@ -51,7 +52,7 @@ fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
             member_iops: args.io.member_iops.or(e.member_iops),
             buffered: args.io.buffered || e.buffered,
         };
-        let options = MemberOpenOptions { io, read_only: args.read_only || e.read_only, faults: faults(args) };
+        let options = MemberOpenOptions { io, read_only: args.read_only || e.read_only, faults: faults(args), metrics: None };
         out.push(ExportPlan { name: e.name, members: e.members, options });
     }
     Ok((listen, out))
@@ -86,24 +87,39 @@ pub fn describe(opened: &OpenedArray) -> String {
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
-    if args.cache == CacheMode::Writeback {
-        bail!("--cache writeback is not available yet; use the default writethrough");
+    if args.cache == CacheMode::Writeback && args.cache_size < MIN_CACHE_BYTES {
+        bail!("--cache-size must be at least 1M (got {})", human_bytes(args.cache_size));
     }
     let (listen, plans) = plans(&args)?;
+    let metrics = crate::metrics::start(args.metrics).await?;
     let mut arrays: Vec<Arc<Array<dyn Member>>> = Vec::new();
     let mut exports = Vec::new();
     let mut controlled = Vec::new();
     let mut lines = Vec::new();
-    for plan in plans {
+    let mut caches = Vec::new();
+    for mut plan in plans {
+        plan.options.metrics = metrics.as_ref().map(|m| m.export(&plan.name));
         let opened = open_array(&plan.members, &plan.options, args.force).await?;
         let read_only = plan.options.read_only || opened.forced_read_only;
         let description = describe(&opened);
-        let device: Arc<dyn BlockDevice> = Arc::new(ArrayDevice::new(opened.array.clone(), read_only, description.clone()));
+        let mut device = ArrayDevice::new(opened.array.clone(), read_only, description.clone());
+        let mut cache_text = "cache writethrough".to_string();
+        if args.cache == CacheMode::Writeback && !read_only {
+            let cache = Arc::new(WriteCache::new(opened.array.clone(), args.cache_size));
+            device = device.with_cache(cache.clone());
+            cache_text = format!(
+                "cache writeback ({}; writes not yet flushed are LOST if raidnbd dies)",
+                cache_size_text(args.cache_size)
+            );
+            caches.push((cache.clone(), tokio::spawn(write_back_loop(cache, plan.name.clone()))));
+        }
+        let device: Arc<dyn BlockDevice> = Arc::new(device);
         lines.push(format!(
-            "serving export '{}' on {listen}: {description}{}; cache writethrough",
+            "serving export '{}' on {listen}: {description}{}; {cache_text}",
             plan.name,
             if read_only { ", READ-ONLY" } else { "" }
         ));
+        let device = crate::metrics::instrument(metrics.as_ref(), &plan.name, &opened.array, device);
         exports.push(Export::new(plan.name.clone(), device));
         let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
         controlled.push(ControlledExport { name: plan.name, array: opened.array.clone(), worker, open_options: plan.options });
@@ -128,11 +144,66 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     tracing::info!("shutting down: flushing and marking arrays clean");
     control_task.abort();
     let _ = std::fs::remove_file(&socket);
+    // Cached writes reach the members before the arrays are marked clean.
+    let mut cache_error = None;
+    for (cache, task) in caches {
+        if let Err(e) = cache.flush().await {
+            tracing::error!("write-back cache flush at shutdown failed: {e}");
+            cache_error.get_or_insert(e);
+        }
+        task.abort();
+    }
     for array in &arrays {
         array.shutdown().await.map_err(|e| anyhow!("{e}"))?;
     }
+    if let Some(e) = cache_error {
+        bail!("cached writes could not be written to the members: {e}");
+    }
     served.map_err(|e| anyhow!("{e}"))?;
     Ok(())
+}
+
+/// Smallest `--cache-size` accepted.
+const MIN_CACHE_BYTES: u64 = 1 << 20;
+
+/// Dirty data below this share of the cache waits [`WRITE_BACK_DELAY`] before write-back
+/// starts, so that neighbouring small writes can merge into full stripes.
+const WRITE_BACK_EAGER_DIVISOR: u64 = 4;
+const WRITE_BACK_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Bytes written back per background step.
+const WRITE_BACK_STEP_BYTES: u64 = 8 << 20;
+
+/// "256 MiB" for whole mebibytes, else the usual human form.
+fn cache_size_text(bytes: u64) -> String {
+    match bytes {
+        b if b.is_multiple_of(1 << 30) => format!("{} GiB", b >> 30),
+        b if b.is_multiple_of(1 << 20) => format!("{} MiB", b >> 20),
+        b => human_bytes(b),
+    }
+}
+
+/// Background write-back of one export's cache: whenever there is dirty data nobody is
+/// writing, write it back oldest first (after a short delay while the cache is mostly
+/// empty). Failures keep the data cached; FLUSH reports them to clients.
+async fn write_back_loop(cache: Arc<WriteCache<dyn Member>>, export: String) {
+    loop {
+        cache.wait_for_work().await;
+        if cache.dirty_bytes() < cache.capacity_bytes() / WRITE_BACK_EAGER_DIVISOR {
+            tokio::time::sleep(WRITE_BACK_DELAY).await;
+        }
+        loop {
+            match cache.write_back_some(WRITE_BACK_STEP_BYTES).await {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(export, "write-back failed, data stays cached and FLUSH reports it: {e}");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

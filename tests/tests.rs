@@ -3,7 +3,10 @@
 
 mod util;
 
+mod bench;
 mod cli_errors;
 mod crash;
 mod ctl_rebuild;
+mod metrics;
 mod serve_clients;
+mod write_cache;
