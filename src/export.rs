@@ -3,6 +3,10 @@
 //! This is the only place where raid-core meets nbd-server, and the only place raid-core
 //! errors become NBD errors. Read data is handed to the server as the member buffers
 //! themselves (`Bytes::from_owner`), so reads are not copied again on their way out.
+//!
+//! With `serve --cache writeback` every request goes through the array's one shared
+//! [`WriteCache`] instead (one per array, so a FLUSH on any connection covers writes made on
+//! all of them and multi-conn stays safe).
 
 use std::sync::Arc;
 
@@ -11,6 +15,7 @@ use nbd_server::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, ReadChunk, ZeroFlags,
 };
 use raid_core::engine::Array;
+use raid_core::write_cache::WriteCache;
 use raid_core::{ErrorKind, Member, RaidError};
 
 /// Largest payload advertised to clients (the kernel client's own maximum).
@@ -18,6 +23,8 @@ const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
 
 pub struct ArrayDevice {
     array: Arc<Array<dyn Member>>,
+    /// `--cache writeback`: every request goes through it.
+    cache: Option<Arc<WriteCache<dyn Member>>>,
     info: DeviceInfo,
 }
 
@@ -39,7 +46,14 @@ impl ArrayDevice {
             max_payload_bytes: MAX_PAYLOAD_BYTES,
             description,
         };
-        Self { array, info }
+        Self { array, cache: None, info }
+    }
+
+    /// Serves through a write-back cache over the same array.
+    pub fn with_cache(mut self, cache: Arc<WriteCache<dyn Member>>) -> Self {
+        debug_assert!(Arc::ptr_eq(cache.array(), &self.array), "cache over another array");
+        self.cache = Some(cache);
+        self
     }
 }
 
@@ -66,7 +80,11 @@ impl BlockDevice for ArrayDevice {
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         Box::pin(async move {
-            let data = self.array.read(offset, len as usize).await.map_err(to_device_error)?;
+            let data = match &self.cache {
+                Some(cache) => cache.read(offset, len as usize).await,
+                None => self.array.read(offset, len as usize).await,
+            }
+            .map_err(to_device_error)?;
             let (bufs, segments) = data.into_parts();
             let owners: Vec<Bytes> = bufs.into_iter().map(Bytes::from_owner).collect();
             Ok(segments
@@ -77,15 +95,33 @@ impl BlockDevice for ArrayDevice {
     }
 
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move { self.array.write(offset, &data, fua).await.map_err(to_device_error) })
+        Box::pin(async move {
+            match &self.cache {
+                Some(cache) => cache.write(offset, &data, fua).await,
+                None => self.array.write(offset, &data, fua).await,
+            }
+            .map_err(to_device_error)
+        })
     }
 
     fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move { self.array.flush().await.map_err(to_device_error) })
+        Box::pin(async move {
+            match &self.cache {
+                Some(cache) => cache.flush().await,
+                None => self.array.flush().await,
+            }
+            .map_err(to_device_error)
+        })
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move { self.array.trim(offset, len, fua).await.map_err(to_device_error) })
+        Box::pin(async move {
+            match &self.cache {
+                Some(cache) => cache.trim(offset, len, fua).await,
+                None => self.array.trim(offset, len, fua).await,
+            }
+            .map_err(to_device_error)
+        })
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
@@ -93,7 +129,11 @@ impl BlockDevice for ArrayDevice {
             if flags.fast_zero {
                 return Err(DeviceError::new(DeviceErrorKind::NotSupported, "fast zeroing is not supported"));
             }
-            self.array.write_zeroes(offset, len, !flags.no_hole, flags.fua).await.map_err(to_device_error)
+            match &self.cache {
+                Some(cache) => cache.write_zeroes(offset, len, !flags.no_hole, flags.fua).await,
+                None => self.array.write_zeroes(offset, len, !flags.no_hole, flags.fua).await,
+            }
+            .map_err(to_device_error)
         })
     }
 }

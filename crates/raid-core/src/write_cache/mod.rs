@@ -4,7 +4,9 @@
 //!   write ──► copy into a Chunk, index it (ExtentMap), acknowledge      (no member I/O)
 //!   read  ──► array read, then the dirty cached bytes laid over it      (or cache only)
 //!   write_back_some ─► oldest dirty extent + its adjacent neighbours as one array write
-//!                      (sequential small writes become full-stripe writes: no reads)
+//!                      (sequential small writes become full-stripe writes: no reads),
+//!                      or, raid4/5/6, its whole stripe when scattered dirty pieces would
+//!                      cost more as separate read-modify-writes (read once, write full)
 //!   flush ──► write back everything acknowledged before the call, then array.flush()
 //!   fua write, write larger than the cache, trim, write_zeroes ──► straight to the array,
 //!                      ordered against cached copies of the same bytes (below)
@@ -50,8 +52,8 @@ use crate::SECTOR_BYTES;
 use crate::engine::{Array, MAX_IO_BYTES, ReadData};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
-use budget::{Budget, Chunk};
 pub use budget::CHUNK_OVERHEAD_BYTES;
+use budget::{Budget, Chunk};
 use extent_map::{Extent, ExtentMap};
 use range_locks::RangeLocks;
 
@@ -73,6 +75,8 @@ pub struct WriteCache<M: Member + ?Sized> {
     state: Mutex<State>,
     /// Write-back merge unit: the full stripe (raid4/5/6) or the optimal I/O size.
     stripe_bytes: u64,
+    /// raid4/5/6: what a stripe fill costs (see `writeback.rs`).
+    parity_shape: Option<writeback::ParityShape>,
 }
 
 /// Holds `[start, ..)` in the range locks; releases it (and wakes waiters) on drop.
@@ -97,6 +101,11 @@ impl<M: Member + ?Sized> WriteCache<M> {
             Some(pg) => pg.stripe_data_sectors() * SECTOR_BYTES,
             None => geometry.optimal_io_bytes(),
         };
+        let parity_shape = geometry.parity().map(|pg| writeback::ParityShape {
+            chunk_bytes: u64::from(pg.chunk_sectors()) * SECTOR_BYTES,
+            data_disks: pg.data_disks() as u64,
+            parity_disks: pg.parity_disks() as u64,
+        });
         Self {
             array,
             budget: Arc::new(Budget::new(capacity_bytes)),
@@ -107,6 +116,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
                 failure: None,
             }),
             stripe_bytes: stripe_bytes.max(SECTOR_BYTES),
+            parity_shape,
         }
     }
 
@@ -169,10 +179,8 @@ impl<M: Member + ?Sized> WriteCache<M> {
         {
             let mut st = self.state();
             let generation = st.take_generation();
-            st.extents.insert(
-                offset_bytes,
-                Extent { len_bytes: data.len() as u64, generation, chunk, chunk_offset: 0 },
-            );
+            st.extents
+                .insert(offset_bytes, Extent { len_bytes: data.len() as u64, generation, chunk, chunk_offset: 0 });
         }
         self.budget.notify();
         Ok(())
@@ -266,7 +274,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
 
     /// The same checks (and errors) as the array's.
     fn check_request(&self, offset_bytes: u64, len_bytes: u64, limit: bool) -> Result<()> {
-        if offset_bytes % SECTOR_BYTES != 0 || len_bytes % SECTOR_BYTES != 0 {
+        if !offset_bytes.is_multiple_of(SECTOR_BYTES) || !len_bytes.is_multiple_of(SECTOR_BYTES) {
             return Err(RaidError::new(
                 ErrorKind::OutOfRange,
                 format!("request {offset_bytes}+{len_bytes} is not 512-byte aligned"),
