@@ -127,6 +127,8 @@ pub async fn open_array(paths: &[String], options: &MemberOpenOptions, force: bo
     }
     let bitmap = read_bitmap(&assembly, &members).await;
     let array = start_array(&assembly, &members, bitmap)?;
+    // A read-only array writes nothing at all: no superblocks, no resync.
+    array.set_read_only(options.read_only || forced_read_only);
     Ok(OpenedArray { array: Arc::new(array), assembly, paths: paths.to_vec(), forced_read_only })
 }
 

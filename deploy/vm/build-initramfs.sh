@@ -4,7 +4,8 @@
 #   deploy/vm/build-initramfs.sh OUT.cpio.gz [--raidnbd PATH] [--with-binary PATH]... [--guest-script PATH]...
 #
 # Contents, all taken from the host's Debian packages:
-#   busybox (busybox-static) with applet symlinks, nbd-client, nbd-server (stand-in NBD server),
+#   busybox (busybox-static) with applet symlinks, nbd-client, nbd-server if installed (only the
+#   manual stand-in scenarios use it),
 #   e2fsprogs tools, mdadm, the shared libraries they need (found with ldd), the kernel modules
 #   of $RIG_KVER (virtio, ext4, md personalities, nbd, loop) with a depmod'ed modules.dep,
 #   deploy/vm/guest/init as /init, deploy/vm/guest/*.sh (+ each --guest-script) as /guest/*.sh,
@@ -41,10 +42,13 @@ mkdir -p "$(dirname "$OUT")"; OUT=$(realpath -m "$OUT")
 # --- what goes in -------------------------------------------------------------------------------
 # Tools: name -> Debian package (for the error message when missing).
 declare -A TOOL_PACKAGE=(
-  [busybox]=busybox-static [nbd-client]=nbd-client [nbd-server]=nbd-server [mdadm]=mdadm
+  [busybox]=busybox-static [nbd-client]=nbd-client [mdadm]=mdadm
   [mke2fs]=e2fsprogs [e2fsck]=e2fsprogs [tune2fs]=e2fsprogs [dumpe2fs]=e2fsprogs
   [debugfs]=e2fsprogs [resize2fs]=e2fsprogs [depmod]=kmod [modprobe]=kmod [cpio]=cpio
 )
+# Optional: nbd-server, used only by the manual stand-in scenarios (standin-nbd fails naming the
+# package when it is missing from the initramfs).
+NBD_SERVER=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v nbd-server || true)
 # Modules the guest may need; their dependencies are resolved with modprobe --show-depends.
 MODULES=(virtio_pci virtio_blk crc32c_intel crc32c_generic ext4 loop nbd
          md_mod linear raid0 raid1 raid10 raid456)
@@ -88,6 +92,7 @@ inputs_digest() {
       echo "$(basename "$f") $(sha256sum < "$f")"
     done
     for t in "${!TOOL_PACKAGE[@]}"; do echo "$t $(stat -c '%s %Y' "$(tool_path "$t")")"; done | sort
+    echo "nbd-server ${NBD_SERVER:+$(stat -c '%s %Y' "$(readlink -f "$NBD_SERVER")")}"
     dpkg-query -W busybox-static nbd-client nbd-server mdadm e2fsprogs "linux-image-$KVER" 2>/dev/null || true
     while read -r f; do echo "$f $(stat -c '%s %Y' "$MODDIR/$f")"; done <<<"$ALL_MODULE_FILES"
   } | sha256sum | cut -d' ' -f1
@@ -122,13 +127,17 @@ copy_with_libs() { # SRC DEST_IN_STAGE: copy a binary and every library ldd name
 
 # Real tools first; busybox applets only fill the gaps.
 copy_with_libs "$(tool_path nbd-client)" usr/sbin/nbd-client
-copy_with_libs "$(tool_path nbd-server)" usr/bin/nbd-server
+[ -z "$NBD_SERVER" ] || copy_with_libs "$(readlink -f "$NBD_SERVER")" usr/bin/nbd-server
 copy_with_libs "$(tool_path mdadm)" usr/sbin/mdadm
 for t in mke2fs e2fsck tune2fs dumpe2fs debugfs resize2fs; do copy_with_libs "$(tool_path "$t")" "usr/sbin/$t"; done
 for l in mkfs.ext2 mkfs.ext3 mkfs.ext4; do ln -s mke2fs "usr/sbin/$l"; done
 for l in fsck.ext2 fsck.ext3 fsck.ext4; do ln -s e2fsck "usr/sbin/$l"; done
 for b in "${EXTRA_BINARIES[@]}"; do copy_with_libs "$b" "usr/bin/$(basename "$b")"; done
-[ -z "$RAIDNBD" ] || copy_with_libs "$RAIDNBD" usr/bin/raidnbd
+if [ -n "$RAIDNBD" ]; then
+  copy_with_libs "$RAIDNBD" usr/bin/raidnbd
+  # A release build carries debug info (tens of MB): drop it, the guest only runs the binary.
+  if command -v strip >/dev/null; then strip --strip-debug usr/bin/raidnbd; fi
+fi
 install -m 755 "$(tool_path busybox)" usr/bin/busybox
 for applet in $(usr/bin/busybox --list-full); do
   [ -e "$applet" ] || [ -L "$applet" ] || ln -s /usr/bin/busybox "$applet"

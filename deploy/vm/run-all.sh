@@ -7,9 +7,10 @@
 #
 # Selection (scenario = deploy/vm/guest/NAME.sh with a "# rig-status:" line):
 #   rig-status: enabled   run by default
-#   rig-status: pending   listed as NOT RUN unless --include-pending (raidnbd scenarios until the
-#                         binary exists: the coordinator flips them to enabled)
-#   rig-status: manual    generators (md-fixtures); run only with --only
+#   rig-status: pending   listed as NOT RUN unless --include-pending (reproductions of known
+#                         raidnbd bugs: flipped to enabled once fixed)
+#   rig-status: manual    generators (md-fixtures) and rig self-checks (standin-*: the rig with
+#                         Debian's own NBD tools and md, no raidnbd); run only with --only
 #   --only runs exactly the named scenarios, whatever their status.
 # raidnbd binary: --raidnbd PATH, else $RAIDNBD_BIN, else target/release/raidnbd if it exists. A
 # selected scenario that needs it fails (never skips) when it is missing.

@@ -74,8 +74,11 @@ nbd_detach() { # DEV
   run nbd-client -d "$1"
 }
 
-# Data fill and check. fill_tree writes FILES files of KIB KiB each from /dev/urandom under DIR
-# (spread over two sub-directories), syncs, and records "sha256  path" lines in LIST.
+# Data fill and check. Digests are md5: they detect accidental differences (wrong chunk mapping,
+# stale parity), nothing adversarial, and busybox md5sum is 2.5x faster than sha256sum, which
+# matters at TCG speed (whole-device digests dominate the scenarios' run time).
+# fill_tree writes FILES files of KIB KiB each from /dev/urandom under DIR (spread over two
+# sub-directories), syncs, and records "md5  path" lines in LIST.
 fill_tree() { # DIR FILES KIB LIST
   mkdir -p "$1/a" "$1/b/c"
   i=0
@@ -85,27 +88,91 @@ fill_tree() { # DIR FILES KIB LIST
     i=$((i + 1))
   done
   sync
-  (cd "$1" && find . -type f | sort | xargs sha256sum) > "$4"
+  (cd "$1" && find . -type f | sort | xargs md5sum) > "$4"
   echo "ok: wrote $2 files of $3 KiB under $1 ($(wc -l < "$4") checksums in $4)"
 }
 verify_tree() { # DIR LIST
-  (cd "$1" && sha256sum -c -s "$2") || { (cd "$1" && sha256sum -c "$2" | grep -v ': OK$'); fail "checksums differ under $1"; }
+  (cd "$1" && md5sum -c -s "$2") || { (cd "$1" && md5sum -c "$2" | grep -v ': OK$'); fail "checksums differ under $1"; }
   echo "ok: $(wc -l < "$2") files under $1 match $2"
 }
-mkfs_ext4() { # DEV: 4 KiB blocks always, so a filesystem made through a 512-byte-sector device
-  # (md0, vda) mounts through nbd0 with its 4 KiB logical blocks (nbd-client -b 4096), and back
-  run mkfs.ext4 -q -F -b 4096 "$1"
+mkfs_ext4() { # DEV [MKFS OPTION...]: 4 KiB blocks always, so a filesystem made through a
+  # 512-byte-sector device (md0, vda) mounts through nbd0 with its 4 KiB logical blocks
+  # (nbd-client -b 4096), and back
+  dev=$1; shift
+  run mkfs.ext4 -q -F -b 4096 "$@" "$dev"
 }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 fsck_clean() { # DEV: e2fsck -fn must report no problem (exit 0)
   run e2fsck -fn "$1" || fail "e2fsck -fn $1 found problems (rc=$?)"
 }
-dev_sha256() { # DEV [MIB]: sha256 of the whole device, or of its first MIB MiB
-  if [ $# -ge 2 ]; then dd if="$1" bs=1M count="$2" iflag=direct status=none | sha256sum | cut -d' ' -f1
-  else dd if="$1" bs=1M iflag=direct status=none | sha256sum | cut -d' ' -f1; fi
+dev_digest() { # DEV [MIB]: md5 of the whole device, or of its first MIB MiB (O_DIRECT reads)
+  if [ $# -ge 2 ]; then dd if="$1" bs=1M count="$2" iflag=direct status=none | md5sum | cut -d' ' -f1
+  else dd if="$1" bs=1M iflag=direct status=none | md5sum | cut -d' ' -f1; fi
+}
+fill_dev() { # DEV PATTERN: overwrite all of DEV with the start of PATTERN (a file at least as big)
+  fd_bytes=$(size_bytes "$1")
+  fd_mib=$((fd_bytes / 1048576)) fd_rest_4k=$(( (fd_bytes % 1048576) / 4096 ))
+  run dd if="$2" of="$1" bs=1M count="$fd_mib" oflag=direct conv=notrunc status=none
+  [ "$fd_rest_4k" -eq 0 ] || run dd if="$2" of="$1" bs=4096 skip=$((fd_mib * 256)) seek=$((fd_mib * 256)) \
+    count="$fd_rest_4k" oflag=direct conv=notrunc status=none
+  [ $((fd_bytes % 4096)) -eq 0 ] || fail "$1 is not a multiple of 4 KiB: $fd_bytes bytes"
 }
 md_wait_idle() { # MDDEV: wait for resync/recovery to finish
   mdadm --wait "$1" || true
   f=/sys/block/${1#/dev/}/md/sync_action
   [ ! -e "$f" ] || expect_eq "$(cat "$f")" idle "sync_action of $1" # linear/raid0 have none
+}
+
+# raidnbd (scenarios with "rig-needs: raidnbd"): one server at a time on 127.0.0.1:$RAIDNBD_PORT,
+# export $RAIDNBD_EXPORT, control socket $RAIDNBD_CTL, log appended to $RAIDNBD_LOG (each start
+# begins with a "== raidnbd serve ..." line).
+RAIDNBD_PORT=10809
+RAIDNBD_EXPORT=rig
+RAIDNBD_CTL=/run/raidnbd-rig.sock
+RAIDNBD_LOG=/tmp/raidnbd.log
+RAIDNBD_PID=""
+export NO_COLOR=1 # plain log lines
+raidnbd_serve() { # [SERVE OPTION...] MEMBER...: start the server, wait until it listens
+  echo "+ [$(rig_now)] raidnbd serve --listen 127.0.0.1:$RAIDNBD_PORT --export $RAIDNBD_EXPORT --control $RAIDNBD_CTL $*"
+  echo "== raidnbd serve $*" >> "$RAIDNBD_LOG"
+  raidnbd serve --listen "127.0.0.1:$RAIDNBD_PORT" --export "$RAIDNBD_EXPORT" --control "$RAIDNBD_CTL" "$@" \
+    >> "$RAIDNBD_LOG" 2>&1 &
+  RAIDNBD_PID=$!
+  rs_n=0
+  while ! listening "$RAIDNBD_PORT"; do
+    kill -0 "$RAIDNBD_PID" 2>/dev/null || { raidnbd_last_log | tail -n 20; fail "raidnbd serve exited before listening"; }
+    rs_n=$((rs_n + 1)); [ "$rs_n" -le 150 ] || fail "raidnbd serve does not listen on 127.0.0.1:$RAIDNBD_PORT after 30 s"
+    sleep 0.2
+  done
+}
+raidnbd_stop() { # [SIGNAL]: TERM (default: orderly stop, must exit 0) or KILL (a crash)
+  kill "-${1:-TERM}" "$RAIDNBD_PID"
+  wait "$RAIDNBD_PID" && rs_rc=0 || rs_rc=$?
+  RAIDNBD_PID=""
+  [ "${1:-TERM}" != TERM ] || [ "$rs_rc" -eq 0 ] || fail "raidnbd serve exited with rc=$rs_rc after SIGTERM"
+  echo "ok: [$(rig_now)] raidnbd serve stopped (SIG${1:-TERM}, rc=$rs_rc)"
+}
+raidnbd_last_log() { # the log of the last start
+  awk '/^== raidnbd serve/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$RAIDNBD_LOG"
+}
+raidnbd_ctl() { # ARG...: raidnbd ctl on the running server's control socket
+  raidnbd ctl --socket "$RAIDNBD_CTL" "$@"
+}
+raidnbd_status_json() { raidnbd_ctl status --json > /tmp/raidnbd-status.json && cat /tmp/raidnbd-status.json; }
+raidnbd_wait_idle() { # [SECONDS]: until no rebuild/resync/check runs or is pending (ctl status --json)
+  rw_n=0
+  while :; do
+    raidnbd_ctl status --json > /tmp/raidnbd-status.json || fail "raidnbd ctl status failed"
+    if grep -q '"work": null' /tmp/raidnbd-status.json && grep -q '"resync_pending": false' /tmp/raidnbd-status.json; then
+      break
+    fi
+    rw_n=$((rw_n + 1))
+    [ $((rw_n % 25)) -ne 0 ] || raidnbd_ctl status
+    [ "$rw_n" -le $(( ${1:-300} * 5 )) ] || { raidnbd_ctl status; fail "raidnbd still busy after ${1:-300} s"; }
+    sleep 0.2
+  done
+  echo "ok: [$(rig_now)] raidnbd idle: $(raidnbd_ctl status | sed -n 2p | sed 's/^ *//')"
+}
+json_number() { # KEY FILE: the first "KEY": NUMBER in FILE
+  sed -n "s/.*\"$1\": *\([0-9][0-9]*\).*/\1/p" "$2" | head -n 1
 }

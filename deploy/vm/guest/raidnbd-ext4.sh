@@ -1,104 +1,169 @@
 #!/bin/sh
-# raidnbd with the real kernel client (PENDING until the raidnbd binary exists: `rig-status:
-# pending` keeps run-all.sh from running it by default; enable it by changing that line).
-# raidnbd creates a RAID5 (64 KiB chunk) on four virtio disks and serves it on 127.0.0.1:10809;
-# nbd-client attaches /dev/nbd0 with 2 connections; ext4 is made, filled, fsck'ed. Then:
-#  - mdadm --assemble of the same members must show the same bytes (whole-device sha256), a clean
-#    fsck, the same files and a zero parity mismatch count (md's own check of raidnbd's parity);
-#  - raidnbd restarts degraded (3 of 4 members), serves the same bytes, accepts new files;
-#  - mdadm assembles that degraded array (the left-out member is stale), sees every file, and
-#    re-adds the member; after md's recovery the parity check is clean again.
-# rig-status: pending
+# raidnbd + kernel NBD client + ext4 at RAID5, RAID6, RAID10: degraded, crash, resync, mdadm both ways.
+# One pass per level (RAID5 over 4 members, RAID6 over 5, RAID10 n2 over 4; 16 MiB members;
+# "left out" = the last member, for RAID6 the last two):
+#  1. raidnbd create; serve; nbd-client -N rig -b 4096 -C 2 (2 connections checked); mkfs.ext4,
+#     mount, files + checksums, umount, e2fsck -fn clean; whole-device digest D1;
+#  2. mdadm --assemble of raidnbd's array: same size, digest D1, files, md check mismatch_cnt 0;
+#  3. raidnbd serves again, new files; orderly stop; serves with members left out: writable,
+#     old files there, more files written, fsck clean, digest D3;
+#  4. mdadm --assemble --run of all members: the left-out ones are stale, md runs degraded with
+#     digest D3 and every file; mdadm re-adds them, recovers, md check mismatch_cnt 0;
+#  5. `raidnbd check` (offline) of md's recovered array: 0 mismatches; raidnbd serves it: digest D3;
+#  6. crash (SIGKILL after writes): raidnbd serves all members again and resyncs (`ctl status
+#     --json` until idle); files and fsck fine; after an orderly stop the superblocks say clean;
+#  7. crash again, then serve with members left out: RAID5/6 dirty + degraded must be served
+#     read-only (the write hole) until `serve --force`, RAID10 stays writable; files and fsck fine.
+# rig-status: enabled
 # rig-needs: raidnbd
-# rig-disks: 4x64M
-# rig-timeout: 600
+# rig-disks: 5x16M
+# rig-timeout: 900
 . /guest/lib.sh
-PORT=10809
-EXPORT=rig
-MEMBERS="/dev/vda /dev/vdb /dev/vdc /dev/vdd"
-# How raidnbd is told a member is missing is raidnbd's CLI; here the member is simply left out.
-DEGRADED_MEMBERS="/dev/vda /dev/vdb /dev/vdc"
-SERVER_PID=""
-start_server() { # MEMBER...
-  echo "+ [$(rig_now)] raidnbd serve --listen 127.0.0.1:$PORT --export $EXPORT $*"
-  raidnbd serve --listen 127.0.0.1:$PORT --export $EXPORT "$@" >> /tmp/raidnbd.log 2>&1 &
-  SERVER_PID=$!
-  wait_listen $PORT
+ALL="/dev/vda /dev/vdb /dev/vdc /dev/vdd /dev/vde"
+rig_debug() {
+  echo "-- raidnbd log:"; tail -n 60 "$RAIDNBD_LOG" 2>/dev/null
+  for m in $ALL; do echo "-- $m:"; mdadm --examine "$m" 2>&1 | grep -E 'State|Events|Device Role|Raid Level'; done
 }
-stop_server() {
-  kill "$SERVER_PID"
-  wait "$SERVER_PID" || true
-  SERVER_PID=""
+without() { # "LIST" ITEM...: LIST minus the ITEMs
+  w_list=$1; shift
+  for w in $w_list; do case " $* " in *" $w "*) ;; *) printf '%s ' "$w" ;; esac; done
 }
-rig_debug() { echo "-- raidnbd log:"; tail -n 60 /tmp/raidnbd.log 2>/dev/null; mdadm --examine /dev/vda 2>&1; }
+count() { set -- $1; echo $#; }
+attach() { nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 2; }
+md_check_clean() { # WHAT: md's own parity/mirror check of md0
+  echo check > /sys/block/md0/md/sync_action
+  md_wait_idle /dev/md0
+  expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "$1"
+}
+sb_state() { mdadm --examine "$1" | sed -n 's/^ *State : //p'; } # clean | active
+write_files() { # SET COUNT: mount nbd0, write COUNT files of 512 KiB under $M/SET, umount
+  run mount -t ext4 /dev/nbd0 "$M"
+  fill_tree "$M/$1" "$2" 512 "/tmp/$name.$1.md5"
+  run umount "$M"
+}
+verify_files() { # DEV SET...: mount DEV read-only, verify the SETs, umount
+  vf_dev=$1; shift
+  run mount -t ext4 -o ro "$vf_dev" "$M"
+  for s in "$@"; do verify_tree "$M/$s" "/tmp/$name.$s.md5"; done
+  run umount "$M"
+}
 
-step "raidnbd create --level 5 --chunk 64K"
-run raidnbd create --level 5 --chunk 64K $MEMBERS
-mdadm --examine /dev/vda | grep -q 'Raid Level : raid5' || fail "mdadm --examine does not see a raid5 member"
-
-step "raidnbd serve + nbd-client -C 2"
 run modprobe nbd nbds_max=4
-start_server $MEMBERS
-nbd_attach $PORT /dev/nbd0 $EXPORT 2
+FORCE=""
 
-step "mkfs.ext4, mount, write 24 files, umount, fsck"
-mkfs_ext4 /dev/nbd0
-run mount -t ext4 /dev/nbd0 /mnt
-fill_tree /mnt 24 1024 /tmp/files.sha256
-run umount /mnt
-fsck_clean /dev/nbd0
-drop_caches
-NBD_SHA=$(dev_sha256 /dev/nbd0)
-NBD_SIZE=$(size_bytes /dev/nbd0)
+pass() { # NAME MD-LEVEL "CREATE OPTIONS" "MEMBERS" "LEFT-OUT MEMBERS"
+  name=$1 md_level=$2 create_opts=$3 members=$4 out=$5
+  kept=$(without "$members" $out)
+  first=${members%% *}
+  M=/mnt/$name
+  mkdir -p "$M"
 
-step "remount through NBD and verify, disconnect"
-run mount -t ext4 -o ro /dev/nbd0 /mnt
-verify_tree /mnt /tmp/files.sha256
-run umount /mnt
-nbd_detach /dev/nbd0
-stop_server
+  step "$name: raidnbd create $create_opts ($(count "$members") members)"
+  run raidnbd create $FORCE $create_opts $members
+  mdadm --examine "$first" | grep -q "Raid Level : $md_level\$" || fail "mdadm --examine $first does not show $md_level"
+  FORCE=--force # the next passes overwrite this pass's superblocks on purpose
 
-step "mdadm --assemble of the raidnbd array"
-run mdadm --assemble /dev/md0 $MEMBERS
-expect_eq "$(cat /sys/block/md0/md/degraded)" 0 "degraded members"
-expect_eq "$(size_bytes /dev/md0)" "$NBD_SIZE" "md0 size vs nbd0 size"
-expect_eq "$(dev_sha256 /dev/md0)" "$NBD_SHA" "sha256 of md0 vs nbd0"
-fsck_clean /dev/md0
-run mount -t ext4 -o ro /dev/md0 /mnt
-verify_tree /mnt /tmp/files.sha256
-run umount /mnt
-echo check > /sys/block/md0/md/sync_action
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "md parity mismatch_cnt of raidnbd's array"
-run mdadm --stop /dev/md0
+  step "$name: serve, nbd-client -C 2, mkfs.ext4, files, fsck"
+  raidnbd_serve $members
+  attach
+  expect_eq "$(blockdev --getro /dev/nbd0)" 0 "$name: nbd0 read-only flag"
+  mkfs_ext4 /dev/nbd0
+  write_files f1 12
+  fsck_clean /dev/nbd0
+  D1=$(dev_digest /dev/nbd0)
+  SIZE=$(size_bytes /dev/nbd0)
+  nbd_detach /dev/nbd0
+  raidnbd_stop
 
-step "raidnbd degraded restart (3 of 4)"
-start_server $DEGRADED_MEMBERS
-nbd_attach $PORT /dev/nbd0 $EXPORT 2
-expect_eq "$(dev_sha256 /dev/nbd0)" "$NBD_SHA" "sha256 of degraded nbd0"
-fsck_clean /dev/nbd0
-run mount -t ext4 /dev/nbd0 /mnt
-verify_tree /mnt /tmp/files.sha256
-mkdir /mnt/degraded
-fill_tree /mnt/degraded 6 512 /tmp/degraded.sha256
-run umount /mnt
-fsck_clean /dev/nbd0
-nbd_detach /dev/nbd0
-stop_server
+  step "$name: mdadm --assemble of raidnbd's array, md check"
+  run mdadm --assemble /dev/md0 $members
+  expect_eq "$(cat /sys/block/md0/md/level)" "$md_level" "$name: md level"
+  expect_eq "$(cat /sys/block/md0/md/degraded)" 0 "$name: md degraded members"
+  expect_eq "$(size_bytes /dev/md0)" "$SIZE" "$name: md0 size vs nbd0"
+  expect_eq "$(dev_digest /dev/md0)" "$D1" "$name: digest of md0 vs nbd0"
+  verify_files /dev/md0 f1
+  md_check_clean "$name: md mismatch_cnt of raidnbd's array"
+  run mdadm --stop /dev/md0
 
-step "mdadm assembles the degraded array, re-adds the member"
-run mdadm --assemble --run /dev/md0 $MEMBERS || true
-[ -b /dev/md0 ] && [ "$(cat /sys/block/md0/md/array_state)" != inactive ] || fail "mdadm did not start md0"
-expect_eq "$(cat /sys/block/md0/md/degraded)" 1 "degraded members (left-out member is stale)"
-fsck_clean /dev/md0
-run mount -t ext4 -o ro /dev/md0 /mnt
-verify_tree /mnt /tmp/files.sha256
-verify_tree /mnt/degraded /tmp/degraded.sha256
-run umount /mnt
-run mdadm /dev/md0 --add /dev/vdd
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/degraded)" 0 "degraded members after recovery"
-echo check > /sys/block/md0/md/sync_action
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "mismatch_cnt after recovery"
-run mdadm --stop /dev/md0
+  step "$name: serve, write; serve without$(printf ' %s' $out), write"
+  raidnbd_serve $members
+  attach
+  write_files f2 6
+  nbd_detach /dev/nbd0
+  raidnbd_stop
+  raidnbd_serve $kept
+  raidnbd_last_log | grep -q DEGRADED || fail "raidnbd does not say the array is degraded"
+  attach
+  expect_eq "$(blockdev --getro /dev/nbd0)" 0 "$name: degraded nbd0 read-only flag (cleanly stopped)"
+  expect_eq "$(size_bytes /dev/nbd0)" "$SIZE" "$name: degraded nbd0 size"
+  verify_files /dev/nbd0 f1 f2
+  write_files f3 6
+  fsck_clean /dev/nbd0
+  D3=$(dev_digest /dev/nbd0)
+  nbd_detach /dev/nbd0
+  raidnbd_stop
+  expect_eq "$(sb_state "$first")" clean "$name: superblock state after a degraded orderly stop"
+
+  step "$name: mdadm assembles degraded, re-adds$(printf ' %s' $out), md check"
+  run mdadm --assemble --run /dev/md0 $members || true
+  [ -b /dev/md0 ] && [ "$(cat /sys/block/md0/md/array_state)" != inactive ] || fail "mdadm did not start md0"
+  expect_eq "$(cat /sys/block/md0/md/degraded)" "$(count "$out")" "$name: md degraded members (left-out ones are stale)"
+  expect_eq "$(dev_digest /dev/md0)" "$D3" "$name: digest of degraded md0 vs nbd0"
+  fsck_clean /dev/md0
+  verify_files /dev/md0 f1 f2 f3
+  for m in $out; do run mdadm /dev/md0 --add "$m"; done
+  md_wait_idle /dev/md0
+  expect_eq "$(cat /sys/block/md0/md/degraded)" 0 "$name: md degraded members after recovery"
+  md_check_clean "$name: md mismatch_cnt after recovery"
+  run mdadm --stop /dev/md0
+
+  step "$name: raidnbd check + serve of md's recovered array"
+  run raidnbd check --json $members > /tmp/$name.check.json
+  cat /tmp/$name.check.json
+  expect_eq "$(json_number mismatch_cnt /tmp/$name.check.json)" 0 "$name: raidnbd check mismatch_cnt"
+  raidnbd_serve $members
+  attach
+  expect_eq "$(dev_digest /dev/nbd0)" "$D3" "$name: digest of nbd0 after md's recovery"
+
+  step "$name: crash (SIGKILL), serve all members: resync, clean stop"
+  write_files f4 4
+  raidnbd_stop KILL
+  nbd_detach /dev/nbd0
+  echo "ok: superblock of $first after the crash: State : $(sb_state "$first")"
+  raidnbd_serve $members
+  raidnbd_wait_idle 300
+  attach
+  fsck_clean /dev/nbd0
+  verify_files /dev/nbd0 f1 f4 # f2, f3: checked after every earlier restart
+  nbd_detach /dev/nbd0
+  raidnbd_stop
+  expect_eq "$(sb_state "$first")" clean "$name: superblock state after resync and an orderly stop"
+
+  step "$name: crash, serve without$(printf ' %s' $out): read-only for parity levels"
+  raidnbd_serve $members
+  attach
+  write_files f5 4
+  raidnbd_stop KILL
+  nbd_detach /dev/nbd0
+  case "$(sb_state "$first")" in active*) dirty=1 ;; *) dirty=0 ;; esac
+  case "$md_level" in raid5|raid6) want_ro=$dirty ;; *) want_ro=0 ;; esac
+  raidnbd_serve $kept
+  attach
+  expect_eq "$(blockdev --getro /dev/nbd0)" "$want_ro" "$name: nbd0 read-only when degraded after a crash (dirty=$dirty)"
+  [ "$want_ro" = 0 ] || raidnbd_last_log | grep -q 'Serving READ-ONLY' || fail "raidnbd served read-only without saying so"
+  fsck_clean /dev/nbd0
+  verify_files /dev/nbd0 f1 f5 # the oldest files and the ones written just before the crash
+  nbd_detach /dev/nbd0
+  raidnbd_stop
+  if [ "$want_ro" = 1 ]; then
+    raidnbd_serve --force $kept
+    attach
+    expect_eq "$(blockdev --getro /dev/nbd0)" 0 "$name: nbd0 read-only flag with serve --force"
+    nbd_detach /dev/nbd0
+    raidnbd_stop
+  fi
+}
+
+pass raid5 raid5 "--level 5 --chunk 64K" "/dev/vda /dev/vdb /dev/vdc /dev/vdd" "/dev/vdd"
+pass raid6 raid6 "--level 6 --chunk 64K" "$ALL" "/dev/vdd /dev/vde"
+pass raid10 raid10 "--level 10 --layout n2 --chunk 64K" "/dev/vda /dev/vdb /dev/vdc /dev/vdd" "/dev/vdd"

@@ -1,9 +1,9 @@
 #!/bin/sh
-# Stand-in for the raidnbd kernel-client path, runnable today: Debian's nbd-server inside the
+# Rig self-check (no raidnbd), the kernel-client path: Debian's nbd-server inside the
 # guest exports /dev/vda on 127.0.0.1:10809 as "standin"; the kernel client (nbd.ko via
 # nbd-client, 2 connections: nbd-server advertises CAN_MULTI_CONN) attaches /dev/nbd0; ext4 is
 # made, filled, checked through NBD, then checked again on the backing disk itself.
-# rig-status: enabled
+# rig-status: manual
 # rig-disks: 128M
 # rig-timeout: 300
 . /guest/lib.sh
@@ -16,6 +16,7 @@ run modprobe nbd nbds_max=4
 grep -q '^nbd ' /proc/modules || fail "nbd not in /proc/modules"
 
 step "nbd-server on 127.0.0.1:$PORT"
+command -v nbd-server >/dev/null || fail "nbd-server is not in the initramfs: apt-get install nbd-server on the host"
 cat > /etc/nbd-server/config <<CFG
 [generic]
   listenaddr = 127.0.0.1
@@ -39,8 +40,8 @@ mkfs_ext4 /dev/nbd0
 
 step "mount, write 24 files, umount"
 run mount -t ext4 /dev/nbd0 /mnt
-fill_tree /mnt 24 1024 /tmp/files.sha256
-cp /tmp/files.sha256 "$RIG_RESULTS/standin-nbd.sha256"
+fill_tree /mnt 24 1024 /tmp/files.md5
+cp /tmp/files.md5 "$RIG_RESULTS/standin-nbd.md5"
 run umount /mnt
 
 step "e2fsck -fn /dev/nbd0"
@@ -49,9 +50,9 @@ fsck_clean /dev/nbd0
 step "remount through NBD and verify"
 drop_caches
 run mount -t ext4 -o ro /dev/nbd0 /mnt
-verify_tree /mnt /tmp/files.sha256
+verify_tree /mnt /tmp/files.md5
 run umount /mnt
-NBD_SHA=$(dev_sha256 /dev/nbd0)
+NBD_SUM=$(dev_digest /dev/nbd0)
 
 step "disconnect"
 nbd_detach /dev/nbd0
@@ -59,8 +60,8 @@ expect_eq "$(cat /sys/block/nbd0/size)" 0 "nbd0 size after disconnect"
 
 step "verify on the backing disk /dev/vda"
 drop_caches
-expect_eq "$(dev_sha256 /dev/vda)" "$NBD_SHA" "sha256 of /dev/vda vs /dev/nbd0"
+expect_eq "$(dev_digest /dev/vda)" "$NBD_SUM" "digest of /dev/vda vs /dev/nbd0"
 fsck_clean /dev/vda
 run mount -t ext4 -o ro /dev/vda /mnt
-verify_tree /mnt /tmp/files.sha256
+verify_tree /mnt /tmp/files.md5
 run umount /mnt

@@ -81,20 +81,20 @@ EOF
 The fixtures above hold metadata only. The content-equality scenarios of the VM rig fill and
 compare data as follows (see `deploy/vm/guest/lib.sh` and the raidnbd scenarios):
 
-1. `mkfs.ext4 -q -F -b 4096` on the array (`/dev/md0` built by mdadm, or `/dev/nbd0` served by raidnbd);
-2. mount; `fill_tree DIR FILES KIB LIST` writes FILES files of KIB KiB each from `/dev/urandom`
-   (`dd bs=1024`), spread over `./`, `a/` and `b/c/`; `sync`; records `sha256sum` of every file,
-   sorted by path, in LIST;
-3. umount (`raidnbd-ext4` also runs `e2fsck -fn` here, which must exit 0);
-4. the whole device is hashed: `dd if=DEV bs=1M iflag=direct | sha256sum` (`dev_sha256`), and
-   its size taken with `blockdev --getsize64`;
-5. the other implementation then opens the same members (mdadm --assemble, or raidnbd serve +
+1. `raidnbd-from-mdadm`: the members are zeroed, mdadm creates the array (`--assume-clean`), a
+   random pattern is written over the whole md device (`fill_dev`); some arrays also get
+   `mkfs.ext4 -q -F -b 4096 -E nodiscard` and files (`fill_tree DIR FILES KIB LIST`: random
+   files spread over `./`, `a/`, `b/c/`, `md5sum` of each in LIST);
+2. the whole device is digested: `dd if=DEV bs=1M iflag=direct | md5sum` (`dev_digest`; md5 for
+   speed under TCG, the checks are against accidents, not adversaries), its size taken with
+   `blockdev --getsize64`;
+3. the other implementation opens the same members (mdadm --assemble, or raidnbd serve +
    `nbd-client 127.0.0.1 10809 /dev/nbd0 -N NAME -b 4096 -C 2`): the device size and the
-   whole-device sha256 must be equal, `e2fsck -fn` clean, and `sha256sum -c LIST` on the
-   read-only mounted filesystem must pass (`verify_tree`);
-6. for redundant levels raidnbd serves again with the last member left out and the
-   whole-device sha256 must still be equal (degraded reads); `raidnbd-ext4` also writes new
-   files while degraded and has mdadm re-add the member and check parity (`mismatch_cnt` 0).
+   whole-device digest must be equal; with ext4, `e2fsck -fn` clean and `md5sum -c LIST` on the
+   read-only mounted filesystem passes (`verify_tree`);
+4. for redundant levels raidnbd serves again with members left out and the digest must still be
+   equal (reconstruction); `raidnbd-ext4` also writes while degraded, has mdadm re-add the
+   members and check parity (`mismatch_cnt` 0), and serves md's result again.
 EOF
 } > "$OUT/README.md"
 echo "collect-md-fixtures: $count members -> $OUT"

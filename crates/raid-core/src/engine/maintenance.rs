@@ -191,6 +191,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Starts a check (or repair) of the whole array in the background.
     pub fn start_scrub(&self, repair: bool) -> Result<()> {
+        self.check_writable("check")?;
         if !self.has_redundancy() {
             return Err(RaidError::new(ErrorKind::Refused, format!("{} has no redundancy to check", self.geometry.level())));
         }
@@ -219,6 +220,9 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Does one unit of background work of at most about `max_bytes`.
     pub async fn maintenance_step(&self, max_bytes: u64) -> Result<Step> {
+        if self.is_read_only() {
+            return Ok(Step::Idle);
+        }
         if let Some(step) = self.assign_spare().await? {
             return Ok(step);
         }
@@ -232,8 +236,19 @@ impl<M: Member + ?Sized> Array<M> {
             let m = self.maintenance.lock();
             (m.resync_next_unit, m.scrub.as_ref().map(|s| (s.repair, s.next_unit)))
         };
-        if let Some(next) = resync.filter(|_| self.has_redundancy() && self.is_optimal()) {
-            return self.resync_step(next, max_bytes).await;
+        if let Some(next) = resync {
+            if self.has_redundancy() && self.is_optimal() {
+                return self.resync_step(next, max_bytes).await;
+            }
+            // Degraded (and nothing rebuilding, see above): redundancy cannot be made
+            // consistent without the missing member. md declares the resync done
+            // (raid5 sync_request) so the array can be recorded clean; so do we.
+            self.maintenance.lock().resync_next_unit = None;
+            tracing::warn!(
+                "skipping the resync of a degraded array after an unclean stop: stripes written at the crash \
+                 may have stale redundancy (the write hole)"
+            );
+            return Ok(Step::Finished(MaintenanceWork::Resync));
         }
         if let Some((repair, next)) = scrub {
             return self.scrub_step(repair, next, max_bytes).await;
@@ -523,6 +538,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// this array and that the bitmap covers the time it was away (its events are at least
     /// the bitmap's events_cleared): only chunks written meanwhile are copied.
     pub async fn re_add(&self, role: usize, member: Arc<M>) -> Result<()> {
+        self.check_writable("re add")?;
         let slot = self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
         if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
             return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
@@ -587,6 +603,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Adds a device as a spare; a degraded array starts rebuilding onto it.
     pub async fn add_spare(&self, member: Arc<M>) -> Result<usize> {
+        self.check_writable("add spare")?;
         let device = self.new_device(member).await?;
         let id = device.id;
         {
@@ -605,6 +622,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Builds `member` as a replacement for `role` while the current device stays in service.
     pub async fn replace(&self, role: usize, member: Arc<M>) -> Result<()> {
+        self.check_writable("replace")?;
         let slot = self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
         if slot.state() != SlotState::InSync || slot.replacement().is_some() {
             return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not in sync or is already being replaced")));
@@ -631,6 +649,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Removes a spare or a faulty member (by name), as `mdadm --remove`.
     pub async fn remove_device(&self, name: &str) -> Result<()> {
+        self.check_writable("remove device")?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         let spare = {
             let mut spares = self.spares.lock().expect("spares lock");

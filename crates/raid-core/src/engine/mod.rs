@@ -96,6 +96,8 @@ pub struct Array<M: Member + ?Sized> {
     client_io_bytes: AtomicU64,
     /// The write-intent bitmap, when the array has one.
     intent: Option<intent::WriteIntent>,
+    /// Nothing is written to the members: no data, no metadata, no background work.
+    read_only: AtomicBool,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -158,6 +160,7 @@ impl<M: Member + ?Sized> Array<M> {
             maintenance: maintenance::MaintenanceState::new(dirty),
             client_io_bytes: AtomicU64::new(0),
             intent: None,
+            read_only: AtomicBool::new(false),
         })
     }
 
@@ -206,6 +209,25 @@ impl<M: Member + ?Sized> Array<M> {
             .collect()
     }
 
+    /// Makes the array read-only: client writes and admin changes are refused, no metadata
+    /// is written and no background work runs (md's read-only arrays write nothing either).
+    /// Used for `--read-only`, offline checks and dirty degraded parity arrays.
+    pub fn set_read_only(&self, read_only: bool) {
+        self.read_only.store(read_only, Ordering::Release);
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    /// Error if the array is read-only.
+    fn check_writable(&self, what: &str) -> Result<()> {
+        if self.is_read_only() {
+            return Err(RaidError::new(ErrorKind::Refused, format!("{what}: the array is read-only")));
+        }
+        Ok(())
+    }
+
     /// The metadata store's summary (`None` without metadata).
     pub fn metadata_summary(&self) -> Option<MetadataSummary> {
         self.metadata.as_ref().map(|m| m.lock().expect("metadata lock").summary())
@@ -229,6 +251,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Writes `data` at `offset_bytes`; with `fua` it is durable on return.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_writable("write")?;
         self.check_io(offset_bytes, data.len() as u64, true)?;
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
@@ -249,6 +272,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// (deallocating when `may_deallocate`); partial stripes are written with zeros so
     /// parity stays consistent.
     pub async fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> Result<()> {
+        self.check_writable("write zeroes")?;
         self.check_io(offset_bytes, len_bytes, false)?;
         self.ensure_dirty().await?;
         self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, may_deallocate, fua, false).await
@@ -258,6 +282,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// every member so parity stays consistent; the rest is left alone (TRIM is a hint).
     /// Discarded ranges read back as zeros.
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.check_writable("trim")?;
         self.check_io(offset_bytes, len_bytes, false)?;
         self.ensure_dirty().await?;
         self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, true, fua, true).await
@@ -288,6 +313,9 @@ impl<M: Member + ?Sized> Array<M> {
     /// Orderly stop: flush, then record "clean" in the superblocks (or, when a resync
     /// after an unclean stop has not finished, how far it got, as md does).
     pub async fn shutdown(&self) -> Result<()> {
+        if self.is_read_only() {
+            return Ok(());
+        }
         self.flush().await?;
         if self.dirty.load(Ordering::Acquire) {
             let _g = self.locks.lock(META_LOCK_KEY).await;
@@ -308,6 +336,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Marks the member in `role` faulty on request (admin "fail").
     pub async fn fail_role(&self, role: usize) -> Result<()> {
+        self.check_writable("fail")?;
         if role >= self.slots.len() {
             return Err(RaidError::new(ErrorKind::Refused, format!("no role {role}")));
         }
@@ -437,6 +466,10 @@ impl<M: Member + ?Sized> Array<M> {
     /// Like `persist_locked`, but reports a change the store refuses.
     async fn try_persist_locked(&self, change: StateChange) -> Result<()> {
         let Some(store) = &self.metadata else { return Ok(()) };
+        if self.is_read_only() {
+            tracing::debug!(?change, "read-only array: state change not recorded");
+            return Ok(());
+        }
         let mut pending = vec![change];
         let mut first = true;
         while let Some(change) = pending.pop() {

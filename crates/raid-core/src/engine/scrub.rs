@@ -57,6 +57,9 @@ impl<M: Member + ?Sized> Array<M> {
     /// Scrubs `count` units from `first`. Needs every member: a degraded array has no
     /// redundancy to compare (md refuses to check it too).
     pub async fn scrub(&self, first: u64, count: u64, repair: bool) -> Result<ScrubCounts> {
+        if repair {
+            self.check_writable("repair")?;
+        }
         if !self.is_optimal() {
             return Err(RaidError::new(
                 ErrorKind::Refused,
