@@ -1,20 +1,15 @@
 #!/bin/sh
-# KNOWN raidnbd BUGS, reproduced (pending until fixed): superblock handling after a crash differs from md.
-# A RAID5 (4 x 16 MiB) is written through raidnbd and the server is killed (SIGKILL): the
-# superblocks say "active" (dirty). Each step then checks md's behaviour and records a BUG line
-# when raidnbd differs; the scenario fails at the end listing every bug it reproduced:
-#  1. `raidnbd check` (offline, members opened read-only) of the dirty array must not try to
-#     write superblocks (today: 4 x "superblock write failed: device marked faulty ... Read-only
-#     file system" on its way out);
-#  2. `raidnbd serve --read-only` of the dirty array likewise (today: the same 4 errors at SIGTERM);
-#  3. the automatic read-only serve of a dirty + degraded RAID5 (without the last member) must
-#     leave the superblocks alone, as md does for a read-only array (today: Events is bumped on the
-#     kept members at SIGTERM, so the left-out member turns stale: a full rebuild to get it back);
-#  4. after `serve --force` of the dirty + degraded array, writes and an orderly stop, md's view
-#     must be clean: md itself, started with start_dirty_degraded=1, finds the resync impossible,
-#     calls it done and records clean (checked at the end as the reference). Today raidnbd keeps
-#     "active" forever and `mdadm --assemble --run` refuses: "cannot start dirty degraded array".
-# Enable (rig-status: enabled) once raidnbd is fixed.
+# Superblock handling after a crash, checked against md's own behaviour (a regression test for
+# four bugs this scenario once reproduced). A RAID5 (4 x 16 MiB) is written through raidnbd and the
+# server is killed (SIGKILL): the superblocks say "active" (dirty). Then:
+#  1. `raidnbd check` (offline, members opened read-only) of the dirty array writes no superblock;
+#  2. `raidnbd serve --read-only` of the dirty array likewise;
+#  3. the automatic read-only serve of a dirty + degraded RAID5 (without the last member) leaves
+#     the superblocks alone, as md does for a read-only array (else the left-out member turns stale);
+#  4. after `serve --force` of the dirty + degraded array, writes and an orderly stop, the array is
+#     clean: md itself, started with start_dirty_degraded=1, finds the resync impossible, calls it
+#     done and records clean (checked at the end as the reference), and `mdadm --assemble --run`
+#     accepts the array.
 # rig-status: enabled
 # rig-needs: raidnbd
 # rig-disks: 4x16M
