@@ -231,8 +231,9 @@ pub struct QuickstartArgs {
 #[derive(Args, Debug)]
 #[command(after_help = "Workloads (for --workloads): dd-write, seq1m-q8t1-read, seq1m-q8t1-write, \
                         seq1m-q1t1-read, seq1m-q1t1-write, rnd4k-q32t1-read, rnd4k-q32t1-write, \
-                        rnd4k-q1t1-read, rnd4k-q1t1-write, seq-fullstripe-write, sweep (all sweep sizes), \
-                        sweep-randread, sweep-randwrite.\n\n\
+                        rnd4k-q1t1-read, rnd4k-q1t1-write, seq-fullstripe-write, sweep-randread-SIZE, \
+                        sweep-randwrite-SIZE; a prefix ending before a dash selects several (rnd4k, \
+                        seq1m-q8t1, sweep, sweep-randread).\n\n\
                         Example (cloud-volume emulation): raidnbd bench --member-bw 20M --member-iops 200 \\\n\
                         \x20   --levels single,0,5,6,10 --members 4 --chunks 64K --out bench-results")]
 pub struct BenchArgs {
@@ -286,6 +287,9 @@ pub struct BenchArgs {
     /// Directory for the results (results.md, .csv, .json, .svg, -ratio.svg).
     #[arg(long, default_value = "raidnbd-bench")]
     pub out: PathBuf,
+    /// Write-back cache size given to `serve --cache-size` (with --cache writeback) [default: serve's].
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
     /// Measure everything this many times, arrays interleaved, and report the median run
     /// (with the spread): for noisy or shared machines.
     #[arg(long, default_value_t = 1)]

@@ -95,9 +95,19 @@ pub fn arguments(job: &FioJob, json_path: &Path) -> Vec<String> {
 
 /// Runs `job` to completion (or until `interrupted`), returning what fio measured.
 pub fn run(job: &FioJob, json_path: &Path, interrupted: &AtomicBool) -> Result<Measurement> {
+    run_args(job, arguments(job, json_path), json_path, interrupted)
+}
+
+/// Runs an untimed `job` that moves only `bytes` (e.g. one write and a flush).
+pub fn run_bytes(job: &FioJob, bytes: u64, json_path: &Path, interrupted: &AtomicBool) -> Result<Measurement> {
+    let mut args = arguments(job, json_path);
+    args.push(format!("--io_size={bytes}"));
+    run_args(job, args, json_path, interrupted)
+}
+
+fn run_args(job: &FioJob, args: Vec<String>, json_path: &Path, interrupted: &AtomicBool) -> Result<Measurement> {
     let err_path = json_path.with_extension("stderr");
     let err_file = std::fs::File::create(&err_path).with_context(|| format!("cannot create {}", err_path.display()))?;
-    let args = arguments(job, json_path);
     let mut child = Command::new("fio")
         .args(&args)
         .stdin(Stdio::null())

@@ -158,6 +158,7 @@ fn settings(plan: &Plan, workspace: &Workspace) -> Settings {
         ramp_seconds: plan.ramp.as_secs_f64(),
         fill: plan.fill,
         caches: plan.caches.iter().map(|&c| cache_name(c)).collect(),
+        cache_bytes: plan.cache_bytes,
         rounds: plan.rounds,
     }
 }
@@ -197,8 +198,8 @@ fn measure_all(
     records: &mut Vec<RunRecord>,
 ) -> Result<()> {
     for round in 1..=plan.rounds {
-        for array in &plan.arrays {
-            measure_array(plan, workloads, workspace, progress, records, array, round)?;
+        for array_index in 0..plan.arrays.len() {
+            measure_array(plan, workloads, workspace, progress, records, array_index, round)?;
         }
     }
     Ok(())
@@ -211,20 +212,22 @@ fn measure_array(
     workspace: &Workspace,
     progress: &mut Progress,
     records: &mut Vec<RunRecord>,
-    array: &ArraySpec,
+    array_index: usize,
     round: usize,
 ) -> Result<()> {
     check_interrupted()?;
+    let array = &plan.arrays[array_index];
     let members = server::create_array(array, workspace, &plan.devices, plan.member_bytes, plan.keep)?;
     let mut filled = !plan.fill;
     for &cache in &plan.caches {
         check_interrupted()?;
         let cache_text = cache_name(cache);
         let log = workspace.root.join(format!("serve-{}-{cache_text}.log", array.id()));
-        match server::serve(&members.paths, cache, &plan.io, &log)? {
+        match server::serve(&members.paths, cache, plan.cache_bytes, &plan.io, &log)? {
             Served::Unavailable(reason) => {
                 eprintln!("{} {cache_text}: skipped: not available ({reason})", array.label());
-                progress.runs_skipped(workloads.len());
+                let arrays_left = (plan.rounds - round) * plan.arrays.len() + plan.arrays.len() - array_index;
+                progress.cache_unavailable(&cache_text, arrays_left * workloads.len());
                 for w in workloads {
                     let note = Some(format!("skipped: not available ({reason})"));
                     records.push(new_record(array, &cache_text, w, Status::Skipped, note, round));
@@ -237,6 +240,9 @@ fn measure_array(
                 }
                 for w in workloads {
                     check_interrupted()?;
+                    if cache == CacheMode::Writeback {
+                        drain(array, &served, workspace)?;
+                    }
                     let mut record = measure(array, &cache_text, w, &mut served, plan, workspace, progress, records)?;
                     record.rounds = round;
                     records.push(record);
@@ -274,6 +280,7 @@ fn new_record(
         note,
         mb_per_s: None,
         iops: None,
+        fio_iops: None,
         lat_mean_us: None,
         lat_p99_us: None,
         ratio_vs_single: None,
@@ -317,6 +324,32 @@ fn fill(
     Ok(())
 }
 
+/// Flushes the server (an NBD FLUSH after one 4 KiB write, untimed) so that each write-back
+/// run starts with an empty cache instead of draining the previous run's dirty data.
+fn drain(array: &ArraySpec, served: &ServedArray, workspace: &Workspace) -> Result<()> {
+    let job = FioJob {
+        name: "drain".into(),
+        uri: served.uri(),
+        rw: Rw::Write,
+        block_bytes: 4096,
+        iodepth: 1,
+        timing: None,
+        end_fsync: true,
+    };
+    let started = Instant::now();
+    let json = workspace.root.join("fio-drain.json");
+    fio::run_bytes(&job, 4096, &json, &INTERRUPTED).with_context(|| format!("flushing {}", array.label()))?;
+    let took = started.elapsed();
+    if took > Duration::from_secs(2) {
+        eprintln!(
+            "  (flushed the write-back cache of {} before the next run: {:.0} s)",
+            array.label(),
+            took.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn measure(
     array: &ArraySpec,
@@ -356,7 +389,9 @@ fn measure(
         Ok(m) => {
             let mb = m.bytes_per_sec / 1e6;
             record.mb_per_s = Some(mb);
-            record.iops = Some(m.iops);
+            let iops = m.bytes_per_sec / block_bytes as f64;
+            record.iops = Some(iops);
+            record.fio_iops = Some(m.iops);
             record.lat_mean_us = Some(m.lat_mean_us);
             record.lat_p99_us = m.lat_p99_us;
             let baseline = earlier
@@ -366,10 +401,8 @@ fn measure(
                 .and_then(|r| r.mb_per_s)
                 .filter(|_| !array.is_single());
             let ratio = baseline.map_or(String::new(), |b| format!(", {:.2}× single", mb / b));
-            progress.run_done(
-                took,
-                &format!("{} MB/s, {} IOPS{ratio}", report::format_mb(mb), report::format_iops(m.iops)),
-            );
+            progress
+                .run_done(took, &format!("{} MB/s, {} IOPS{ratio}", report::format_mb(mb), report::format_iops(iops)));
         }
         Err(e) => {
             check_interrupted()?;

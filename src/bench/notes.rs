@@ -11,7 +11,9 @@ use crate::size::format_size;
 
 pub fn notes(plan: &Plan, workloads: &[Workload], runs: &[RunRecord]) -> Vec<String> {
     let mut notes = vec![
-        "MB/s = 10^6 bytes/s (as CrystalDiskMark shows it); IOPS = requests completed per second. \
+        "MB/s = 10^6 bytes/s (as CrystalDiskMark shows it); IOPS = MB/s ÷ block size, as CrystalDiskMark derives \
+         it (fio's own count, fio_iops in the CSV/JSON, differs by the requests in flight at the ramp and end \
+         boundaries). \
          × single = the array's MB/s over single's for the same workload and cache mode; \"single\" is one \
          member served the same way (same binary, flags and throttle; a one-member md linear array)."
             .to_string(),
@@ -80,9 +82,10 @@ pub fn notes(plan: &Plan, workloads: &[Workload], runs: &[RunRecord]) -> Vec<Str
     if levels.iter().any(|l| matches!(l, Level::Raid4 | Level::Raid5 | Level::Raid6)) {
         notes.push(
             "Parity cost: a small random write on RAID4/5 reads the old data and parity and writes both back (4 \
-             member I/Os, or a reconstruct-write when that reads less); on RAID6 also Q (6 member I/Os). With N \
-             members that allows at most N/4 (RAID5) or N/6 (RAID6) of a single member's write IOPS: RND4K write \
-             ratios below 1× on parity levels are that cost, not a defect. Reads do not pay it."
+             member I/Os); on RAID6 read-modify-write also handles Q (6), unless a reconstruct-write needs fewer \
+             (4-member RAID6: read the other data block, write data, P and Q = 4). With N members that allows \
+             about N/4 (N/6) of a single member's write IOPS: RND4K write ratios near or below 1× on parity \
+             levels are that cost, not a defect. Reads do not pay it."
                 .into(),
         );
     }
@@ -110,6 +113,14 @@ pub fn notes(plan: &Plan, workloads: &[Workload], runs: &[RunRecord]) -> Vec<Str
          than real data."
             .into()
     });
+    if runs.iter().any(|r| r.cache == "writeback" && r.status == Status::Ok) {
+        notes.push(format!(
+            "Write-back runs: before each one the server is flushed (untimed), so every run starts with an empty \
+             cache of {}. Writes then complete at memory speed until the cache holds that much dirty data and at \
+             the members' speed after; the dd-style run includes its final flush and so shows what is durable.",
+            plan.cache_bytes.map_or("serve's default size".to_string(), format_size)
+        ));
+    }
     let mut skipped: Vec<(String, String)> = Vec::new();
     for r in runs.iter().filter(|r| r.status == Status::Skipped) {
         let note = r.note.clone().unwrap_or_default();
@@ -142,7 +153,7 @@ fn example_misalignment(arrays: &[ArraySpec]) -> String {
         .filter(|a| matches!(a.level, Some(Level::Raid4 | Level::Raid5 | Level::Raid6)))
         .find_map(|a| {
             let stripe = a.stripe_data_bytes()?;
-            ((1u64 << 20) % stripe != 0).then(|| {
+            (!(1u64 << 20).is_multiple_of(stripe)).then(|| {
                 format!(
                     " (e.g. {}: 1M = {:.2} stripes of {})",
                     a.label(),

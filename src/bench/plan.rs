@@ -98,6 +98,7 @@ pub struct Plan {
     pub keep: bool,
     pub out: PathBuf,
     pub rounds: usize,
+    pub cache_bytes: Option<u64>,
     pub io: MemberIoArgs,
 }
 
@@ -205,6 +206,7 @@ impl Plan {
             keep: args.keep,
             out: args.out.clone(),
             rounds: args.rounds,
+            cache_bytes: args.cache_size,
             io: args.io.clone(),
         })
     }

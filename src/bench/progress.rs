@@ -11,6 +11,8 @@ use std::time::Duration;
 use super::duration::format_eta;
 
 pub struct Progress {
+    /// Cache modes the server refused (every later array will refuse them too).
+    unavailable: Vec<String>,
     total_runs: usize,
     done_runs: usize,
     run_seconds_sum: f64,
@@ -29,6 +31,7 @@ impl Progress {
         guess_fill_rate_per_disk: f64,
     ) -> Self {
         Self {
+            unavailable: Vec::new(),
             total_runs,
             done_runs: 0,
             run_seconds_sum: 0.0,
@@ -89,6 +92,15 @@ impl Progress {
     pub fn fill_skipped(&mut self) {
         if !self.fills_left.is_empty() {
             self.fills_left.remove(0);
+        }
+    }
+
+    /// A cache mode was refused: drops its `runs_left` (this array's and every later one's)
+    /// from the estimate, once.
+    pub fn cache_unavailable(&mut self, cache: &str, runs_left: usize) {
+        if !self.unavailable.iter().any(|c| c == cache) {
+            self.unavailable.push(cache.to_string());
+            self.runs_skipped(runs_left);
         }
     }
 

@@ -48,7 +48,11 @@ pub struct RunRecord {
     pub note: Option<String>,
     /// 10^6 bytes per second.
     pub mb_per_s: Option<f64>,
+    /// MB/s over the block size, as CrystalDiskMark derives it (every request is one block).
     pub iops: Option<f64>,
+    /// fio's own `iops` (requests counted ÷ runtime; differs by the requests at the ramp and end
+    /// boundaries, a few % on short runs).
+    pub fio_iops: Option<f64>,
     pub lat_mean_us: Option<f64>,
     pub lat_p99_us: Option<f64>,
     /// This MB/s over single's MB/s (same workload and cache mode).
@@ -171,6 +175,8 @@ pub struct Settings {
     pub ramp_seconds: f64,
     pub fill: bool,
     pub caches: Vec<String>,
+    /// `serve --cache-size` for write-back runs (`None` = serve's default).
+    pub cache_bytes: Option<u64>,
     pub rounds: usize,
 }
 
@@ -212,6 +218,7 @@ pub(crate) mod tests {
             note: mb.is_none().then(|| "skipped: not available".to_string()),
             mb_per_s: mb,
             iops: mb.map(|m| m * 1e6 / 4096.0),
+            fio_iops: mb.map(|m| m * 1e6 / 4096.0),
             lat_mean_us: mb.map(|_| 100.0),
             lat_p99_us: None,
             ratio_vs_single: None,

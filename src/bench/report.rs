@@ -207,7 +207,7 @@ fn csv_field(text: &str) -> String {
 }
 
 pub const CSV_HEADER: &str = "array,level,members,chunk_bytes,cache,workload,label,rw,block_bytes,iodepth,status,note,\
-                              mb_per_s,iops,lat_mean_us,lat_p99_us,ratio_vs_single,load_avg_1m,wall_seconds,rounds,\
+                              mb_per_s,iops,fio_iops,lat_mean_us,lat_p99_us,ratio_vs_single,load_avg_1m,wall_seconds,rounds,\
                               mb_per_s_min,mb_per_s_max";
 
 /// One line per run, numbers unformatted.
@@ -230,6 +230,7 @@ pub fn csv(runs: &[RunRecord]) -> String {
             csv_field(r.note.as_deref().unwrap_or("")),
             num(r.mb_per_s),
             num(r.iops),
+            num(r.fio_iops),
             num(r.lat_mean_us),
             num(r.lat_p99_us),
             num(r.ratio_vs_single),

@@ -60,7 +60,7 @@ fn series(runs: &[RunRecord], include_single: bool) -> Vec<Series> {
 
 /// A "nice" axis top and tick step for values up to `max`.
 fn nice_axis(max: f64) -> (f64, f64) {
-    if !(max > 0.0) || !max.is_finite() {
+    if max.is_nan() || max <= 0.0 || !max.is_finite() {
         return (1.0, 0.25);
     }
     let raw = max / 4.0;
@@ -381,6 +381,7 @@ mod tests {
                 ramp_seconds: 2.0,
                 fill: true,
                 caches: vec!["writethrough".into()],
+                cache_bytes: None,
                 rounds: 1,
             },
             runs,

@@ -95,9 +95,10 @@ pub fn full_stripe_block_bytes(array: &ArraySpec) -> u64 {
     if bytes <= MAX_REQUEST_BYTES {
         bytes
     } else {
-        // A stripe wider than the largest request: as many whole chunks as fit.
+        // A stripe wider than the largest request: as many whole chunks as fit (or the
+        // largest request, when even one chunk does not).
         let chunk = array.chunk_bytes.unwrap_or(stripe);
-        (MAX_REQUEST_BYTES / chunk).max(1) * chunk
+        if chunk > MAX_REQUEST_BYTES { MAX_REQUEST_BYTES } else { MAX_REQUEST_BYTES / chunk * chunk }
     }
 }
 
@@ -162,18 +163,21 @@ mod tests {
     #[test]
     fn full_stripes_are_whole_stripes_of_at_least_1m() {
         // raid5 4 x 64K: stripe 192K, k = 6.
-        assert_eq!(full_stripe_block_bytes(&array(Level::Raid5, 64 << 10)), 6 * 192 << 10);
+        assert_eq!(full_stripe_block_bytes(&array(Level::Raid5, 64 << 10)), (6 * 192) << 10);
         // raid6 4 x 64K: stripe 128K, k = 8.
         assert_eq!(full_stripe_block_bytes(&array(Level::Raid6, 64 << 10)), 1 << 20);
         // raid5 4 x 512K: one stripe of 1.5M.
         assert_eq!(full_stripe_block_bytes(&array(Level::Raid5, 512 << 10)), 3 << 19);
         // raid5 4 x 4K: 12K stripes, k = 86.
-        assert_eq!(full_stripe_block_bytes(&array(Level::Raid5, 4 << 10)), 86 * 12 << 10);
+        assert_eq!(full_stripe_block_bytes(&array(Level::Raid5, 4 << 10)), (86 * 12) << 10);
         assert_eq!(full_stripe_block_bytes(&ArraySpec::single()), 1 << 20);
         for (level, chunk) in [(Level::Raid5, 4096u64), (Level::Raid6, 1 << 20), (Level::Raid0, 64 << 20)] {
             let a = array(level, chunk);
             let bs = full_stripe_block_bytes(&a);
-            assert!(bs <= MAX_REQUEST_BYTES && bs % chunk.min(MAX_REQUEST_BYTES) == 0, "{level} {chunk}: {bs}");
+            assert!(
+                bs <= MAX_REQUEST_BYTES && bs.is_multiple_of(chunk.min(MAX_REQUEST_BYTES)),
+                "{level} {chunk}: {bs}"
+            );
         }
     }
 
