@@ -126,7 +126,8 @@ pub(crate) async fn read_device<M: Member + ?Sized>(
     let len = sectors * SECTOR_BYTES;
     load.fetch_add(len, Ordering::Relaxed);
     let _load = LoadGuard(load, len);
-    let buf = AlignedBuf::zeroed(len as usize);
+    // The member fills all of it or fails (then the buffer is dropped unseen).
+    let buf = AlignedBuf::for_overwrite(len as usize);
     let (res, buf) = device.member.read_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, buf).await;
     res.map(|()| buf)
 }

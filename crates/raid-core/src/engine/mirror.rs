@@ -14,8 +14,15 @@ use super::{Array, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
-use crate::geometry::Level;
+use crate::geometry::{Extent, Level};
 use crate::member::Member;
+
+/// Reads of raid10 prefer one copy per region of this many array sectors (1 MiB).
+const MIRROR_READ_REGION_SECTORS: u64 = 2048;
+
+/// A region's preferred copy is skipped when its member has this many more bytes of reads
+/// in flight than the least busy copy.
+const MIRROR_READ_IMBALANCE_BYTES: u64 = 2 << 20;
 
 /// Array sectors handled per batch by trim/write-zeroes, bounding their memory.
 const ZERO_BATCH_SECTORS: u64 = 1 << 21; // 1 GiB
@@ -43,7 +50,13 @@ impl<M: Member + ?Sized> Array<M> {
         Err(RaidError::new(ErrorKind::Io, "read failed on every copy"))
     }
 
-    /// Picks, for each piece of `[sector, sector + sectors)`, the least loaded readable copy.
+    /// Picks, for each piece of `[sector, sector + sectors)`, a readable copy: the one the
+    /// piece's read region prefers, unless that member is much busier than another copy.
+    ///
+    /// Why regions: consecutive chunks of one mirror set are then read from the same member
+    /// (so they merge into one large member read: a cloud volume counts I/Os), and the
+    /// regions alternate between the copies (so every member works, also at queue depth 1,
+    /// where "least loaded" would always pick the first copy).
     fn plan_mirror_reads(
         &self,
         mut sector: u64,
@@ -59,11 +72,17 @@ impl<M: Member + ?Sized> Array<M> {
             if self.geometry.level() == Level::Raid1 {
                 run = run.min(MIRROR_READ_SPLIT_SECTORS - sector % MIRROR_READ_SPLIT_SECTORS);
             }
-            let best = mapped
-                .copies
-                .iter()
-                .filter(|c| self.slots[c.role].is_readable(c.member_sector, run))
-                .min_by_key(|c| self.read_load(c.role) + planned[c.role]);
+            let readable: Vec<&Extent> =
+                mapped.copies.iter().filter(|c| self.slots[c.role].is_readable(c.member_sector, run)).collect();
+            let load = |c: &Extent| self.read_load(c.role) + planned[c.role];
+            let region = match self.geometry.level() {
+                Level::Raid1 => MIRROR_READ_SPLIT_SECTORS,
+                _ => MIRROR_READ_REGION_SECTORS,
+            };
+            let best = readable.get((sector / region) as usize % readable.len().max(1)).map(|&preferred| {
+                let least = readable.iter().copied().min_by_key(|c| load(c)).expect("non-empty");
+                if load(preferred) > load(least) + MIRROR_READ_IMBALANCE_BYTES { least } else { preferred }
+            });
             let Some(copy) = best else {
                 return Err(RaidError::new(
                     ErrorKind::Io,

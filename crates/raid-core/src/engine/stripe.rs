@@ -473,7 +473,7 @@ fn concat_runs(mut writes: Vec<(usize, u64, AlignedBuf)>) -> Vec<(usize, u64, Al
                 return (role, sector, bufs.pop().expect("one buffer"));
             }
             let total = bufs.iter().map(AlignedBuf::len).sum();
-            let mut joined = AlignedBuf::zeroed(total);
+            let mut joined = AlignedBuf::for_overwrite(total);
             let mut at = 0;
             for b in &bufs {
                 joined.as_mut_slice()[at..at + b.len()].copy_from_slice(b.as_slice());
