@@ -92,6 +92,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors() {
-        assert!(toml::from_str::<ConfigFile>("listen = \"127.0.0.1:1\"\n[[export]]\nname=\"a\"\nmembers=[]\ncolour=1").is_err());
+        assert!(
+            toml::from_str::<ConfigFile>("listen = \"127.0.0.1:1\"\n[[export]]\nname=\"a\"\nmembers=[]\ncolour=1")
+                .is_err()
+        );
     }
 }

@@ -72,7 +72,8 @@ pub async fn serve(control: Arc<Control>, path: &Path) -> Result<()> {
         }
         std::fs::remove_file(path).with_context(|| format!("cannot remove stale {}", path.display()))?;
     }
-    let listener = UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     tracing::info!("control socket {}", path.display());
     loop {
@@ -118,7 +119,9 @@ fn str_field<'a>(request: &'a Value, key: &str) -> Result<&'a str> {
 
 fn find_export<'a>(control: &'a Control, request: &Value) -> Result<&'a ControlledExport> {
     match request["export"].as_str() {
-        Some(name) => control.exports.iter().find(|e| e.name == name).ok_or_else(|| anyhow!("no export named {name:?}")),
+        Some(name) => {
+            control.exports.iter().find(|e| e.name == name).ok_or_else(|| anyhow!("no export named {name:?}"))
+        }
         None if control.exports.len() == 1 => Ok(&control.exports[0]),
         None => bail!("several exports are served: name one with --export"),
     }
@@ -170,10 +173,18 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
             export.worker.limits.max_bytes_per_sec.store(max, Ordering::Relaxed);
         }
         "fault" => {
-            let faults =
-                export.open_options.faults.as_ref().ok_or_else(|| anyhow!("fault injection is off (serve --fault-injection)"))?;
+            let faults = export
+                .open_options
+                .faults
+                .as_ref()
+                .ok_or_else(|| anyhow!("fault injection is off (serve --fault-injection)"))?;
             let member = str_field(request, "member")?;
-            let control = faults.lock().expect("faults lock").get(member).cloned().ok_or_else(|| anyhow!("no member {member}"))?;
+            let control = faults
+                .lock()
+                .expect("faults lock")
+                .get(member)
+                .cloned()
+                .ok_or_else(|| anyhow!("no member {member}"))?;
             match str_field(request, "ops")? {
                 "none" => control.disarm(),
                 "reads" => control.fail_after(FaultOps::Reads, 0),

@@ -90,7 +90,13 @@ fn mdstat(exports: &Value) -> Option<String> {
             .collect();
         let up: String = roles.iter().map(|r| if r["state"] == "in_sync" { 'U' } else { '_' }).collect();
         let working = up.chars().filter(|&c| c == 'U').count();
-        out.push_str(&format!("{} : {} {} {}\n", e["name"].as_str()?, e["state"].as_str()?, e["level"].as_str()?, members.join(" ")));
+        out.push_str(&format!(
+            "{} : {} {} {}\n",
+            e["name"].as_str()?,
+            e["state"].as_str()?,
+            e["level"].as_str()?,
+            members.join(" ")
+        ));
         out.push_str(&format!(
             "      {} {} [{}/{working}] [{up}]\n",
             human_bytes(e["size_bytes"].as_u64()?),

@@ -31,7 +31,10 @@ pub struct SpeedLimits {
 
 impl Default for SpeedLimits {
     fn default() -> Self {
-        Self { min_bytes_per_sec: AtomicU64::new(DEFAULT_MIN_SPEED), max_bytes_per_sec: AtomicU64::new(DEFAULT_MAX_SPEED) }
+        Self {
+            min_bytes_per_sec: AtomicU64::new(DEFAULT_MIN_SPEED),
+            max_bytes_per_sec: AtomicU64::new(DEFAULT_MAX_SPEED),
+        }
     }
 }
 
@@ -60,7 +63,13 @@ pub fn spawn(array: Arc<Array<dyn Member>>, name: String) -> Worker {
     worker
 }
 
-async fn run(array: Arc<Array<dyn Member>>, name: String, limits: Arc<SpeedLimits>, progress: Arc<Progress>, wake: Arc<Notify>) {
+async fn run(
+    array: Arc<Array<dyn Member>>,
+    name: String,
+    limits: Arc<SpeedLimits>,
+    progress: Arc<Progress>,
+    wake: Arc<Notify>,
+) {
     let mut window_start = Instant::now();
     let mut window_bytes = 0u64;
     let mut last_client_io = array.client_io_bytes();

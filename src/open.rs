@@ -57,8 +57,8 @@ impl MemberOpenOptions {
 pub fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
     let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot open member {path}"))?;
     let name = canonical.to_string_lossy().into_owned();
-    let mut member =
-        member_io::open_member(&canonical, &options.backend_options()).with_context(|| format!("cannot open member {path}"))?;
+    let mut member = member_io::open_member(&canonical, &options.backend_options())
+        .with_context(|| format!("cannot open member {path}"))?;
     let throttle = options.throttle();
     if throttle.is_active() {
         let throttled = Throttled::new(member, &throttle).with_context(|| format!("cannot throttle member {path}"))?;

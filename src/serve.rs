@@ -12,9 +12,9 @@ use raid_core::write_cache::WriteCache;
 
 use crate::cli::{CacheMode, MemberIoArgs, ServeArgs};
 use crate::config;
+use crate::control::{self, Control, ControlledExport};
 use crate::create::describe_layout;
 use crate::export::ArrayDevice;
-use crate::control::{self, Control, ControlledExport};
 use crate::maintenance;
 use crate::open::{FaultRegistry, MemberOpenOptions, OpenedArray, open_array};
 use crate::size::human_bytes;
@@ -32,7 +32,8 @@ fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
             bail!("no members given: raidnbd serve MEMBER... (or --config FILE)");
         }
         let name = args.export.clone().unwrap_or_default();
-        let options = MemberOpenOptions { io: args.io.clone(), read_only: args.read_only, faults: faults(args), metrics: None };
+        let options =
+            MemberOpenOptions { io: args.io.clone(), read_only: args.read_only, faults: faults(args), metrics: None };
         return Ok((args.listen, vec![ExportPlan { name, members: args.members.clone(), options }]));
     };
     if !args.members.is_empty() {
@@ -52,7 +53,8 @@ fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
             member_iops: args.io.member_iops.or(e.member_iops),
             buffered: args.io.buffered || e.buffered,
         };
-        let options = MemberOpenOptions { io, read_only: args.read_only || e.read_only, faults: faults(args), metrics: None };
+        let options =
+            MemberOpenOptions { io, read_only: args.read_only || e.read_only, faults: faults(args), metrics: None };
         out.push(ExportPlan { name: e.name, members: e.members, options });
     }
     Ok((listen, out))
@@ -122,7 +124,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         let device = crate::metrics::instrument(metrics.as_ref(), &plan.name, &opened.array, device);
         exports.push(Export::new(plan.name.clone(), device));
         let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
-        controlled.push(ControlledExport { name: plan.name, array: opened.array.clone(), worker, open_options: plan.options });
+        controlled.push(ControlledExport {
+            name: plan.name,
+            array: opened.array.clone(),
+            worker,
+            open_options: plan.options,
+        });
         arrays.push(opened.array);
     }
     let server = Server::new(exports, ServerConfig::default()).map_err(|e| anyhow!("{e}"))?;

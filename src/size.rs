@@ -25,7 +25,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// Formats bytes with the largest binary unit that divides them exactly (`64K`, `1G`).
 pub fn format_size(bytes: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

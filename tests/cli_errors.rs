@@ -9,12 +9,27 @@ fn create_refuses_bad_requests() {
     let d = dir.path();
     assert_user_error(&raidnbd(d, &["create", "--level", "5", "a", "b", "c"]), "a does not exist (give --size");
     assert_user_error(&raidnbd(d, &["create", "--level", "7", "--size", "8M", "a", "b"]), "unknown RAID level '7'");
-    assert_user_error(&raidnbd(d, &["create", "--level", "6", "--size", "8M", "a", "b", "c"]), "needs at least 4 members");
-    assert_user_error(&raidnbd(d, &["create", "--level", "5", "--chunk", "3K", "--size", "8M", "a", "b"]), "power of two");
+    assert_user_error(
+        &raidnbd(d, &["create", "--level", "6", "--size", "8M", "a", "b", "c"]),
+        "needs at least 4 members",
+    );
+    assert_user_error(
+        &raidnbd(d, &["create", "--level", "5", "--chunk", "3K", "--size", "8M", "a", "b"]),
+        "power of two",
+    );
     assert_usage_error(&raidnbd(d, &["create", "--level", "5", "--chunk", "12Q", "a", "b"]), "unknown suffix");
-    assert_user_error(&raidnbd(d, &["create", "--level", "5", "--layout", "diagonal", "--size", "8M", "a", "b"]), "unknown raid5 layout");
-    assert_user_error(&raidnbd(d, &["create", "--level", "1", "--chunk", "64K", "--size", "8M", "a", "b"]), "raid1 has no chunk");
-    assert_user_error(&raidnbd(d, &["create", "--level", "0", "--size", "8M", "a", "missing"]), "no member may be missing");
+    assert_user_error(
+        &raidnbd(d, &["create", "--level", "5", "--layout", "diagonal", "--size", "8M", "a", "b"]),
+        "unknown raid5 layout",
+    );
+    assert_user_error(
+        &raidnbd(d, &["create", "--level", "1", "--chunk", "64K", "--size", "8M", "a", "b"]),
+        "raid1 has no chunk",
+    );
+    assert_user_error(
+        &raidnbd(d, &["create", "--level", "0", "--size", "8M", "a", "missing"]),
+        "no member may be missing",
+    );
     assert_user_error(&raidnbd(d, &["create", "--level", "5", "--size", "8M", "a", "a"]), "given twice");
     assert_user_error(&raidnbd(d, &["create", "--level", "5", "--size", "4K", "s1", "s2"]), "too small");
 }
@@ -33,7 +48,10 @@ fn create_protects_existing_data() {
     std::fs::write(d.join("fs.img"), vec![0u8; 16 << 20]).unwrap();
     run_ok(std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(d.join("fs.img")));
     std::fs::write(d.join("other.img"), vec![0u8; 16 << 20]).unwrap();
-    assert_user_error(&raidnbd(d, &["create", "--level", "1", "fs.img", "other.img"]), "fs.img already holds an ext2/3/4 filesystem");
+    assert_user_error(
+        &raidnbd(d, &["create", "--level", "1", "fs.img", "other.img"]),
+        "fs.img already holds an ext2/3/4 filesystem",
+    );
 }
 
 #[test]

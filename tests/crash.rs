@@ -67,7 +67,8 @@ fn crash_rounds(level: &str, members: usize, seeds: std::ops::Range<u64>) {
     let out = raidnbd(d, &[&["check", "--json"][..], &refs].concat());
     let v: Value = serde_json::from_str(&assert_ok(&out)).unwrap();
     assert_eq!(v["mismatch_cnt"], 0, "after resync parity/mirrors agree with data");
-    let detail: Value = serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &refs].concat()))).unwrap();
+    let detail: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &refs].concat()))).unwrap();
     assert_eq!(detail["clean"], true);
 }
 
@@ -108,10 +109,21 @@ fn dirty_degraded_parity_array_starts_read_only_unless_forced() {
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-r", "-c", "read -P 9 0 1M", &served.uri("a")]));
     let out = Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 8 0 4k", &served.uri("a")]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(text.contains("Operation not permitted") || text.contains("read-only") || !out.status.success(), "write refused: {text}");
+    assert!(
+        text.contains("Operation not permitted") || text.contains("read-only") || !out.status.success(),
+        "write refused: {text}"
+    );
     drop(served);
 
     let served = Served::start(d, "a", &["--force"], &["m0", "m1"]);
-    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 8 0 4k", "-c", "read -P 8 0 4k", &served.uri("a")]));
+    run_ok(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 8 0 4k",
+        "-c",
+        "read -P 8 0 4k",
+        &served.uri("a"),
+    ]));
     served.stop();
 }

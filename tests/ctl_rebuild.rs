@@ -144,7 +144,8 @@ fn member_is_replaced_online_and_rebuild_resumes_after_restart() {
     ctl(d, &socket, &["replace", "m1", "new"]);
     workload(d, &uri, &["write", "8", "150"]);
     let s = wait_for(d, &socket, "replace", all_in_sync);
-    let names: Vec<String> = s["roles"].as_array().unwrap().iter().map(|r| r["member"].as_str().unwrap().to_string()).collect();
+    let names: Vec<String> =
+        s["roles"].as_array().unwrap().iter().map(|r| r["member"].as_str().unwrap().to_string()).collect();
     assert!(names[1].ends_with("/new"), "{s:#}");
     workload(d, &uri, &["verify"]);
 
@@ -154,7 +155,8 @@ fn member_is_replaced_online_and_rebuild_resumes_after_restart() {
     ctl(d, &socket, &["remove", "m2"]);
     ctl(d, &socket, &["add", "spare"]);
     wait_for(d, &socket, "recovery to pass a checkpoint", |s| {
-        s["work"]["kind"] == "recovery" && s["work"]["done"].as_u64().unwrap() * 8 >= s["work"]["total"].as_u64().unwrap()
+        s["work"]["kind"] == "recovery"
+            && s["work"]["done"].as_u64().unwrap() * 8 >= s["work"]["total"].as_u64().unwrap()
     });
     served.stop();
     let served = Served::start(d, "a", &["--control", &sock], &["m0", "new", "spare"]);
@@ -173,7 +175,10 @@ fn member_is_replaced_online_and_rebuild_resumes_after_restart() {
 fn returning_member_is_re_added_from_the_bitmap() {
     let dir = tempdir();
     let d = dir.path();
-    assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--bitmap", "internal", "--size", "64M", "m0", "m1", "m2", "m3"]));
+    assert_ok(&raidnbd(
+        d,
+        &["create", "--level", "5", "--chunk", "64K", "--bitmap", "internal", "--size", "64M", "m0", "m1", "m2", "m3"],
+    ));
     let socket = d.join("c.sock");
     let sock = socket.to_str().unwrap().to_string();
     let served = Served::start(d, "a", &["--fault-injection", "--control", &sock], &["m0", "m1", "m2", "m3"]);

@@ -25,10 +25,19 @@ fn raid5_serves_real_clients_and_survives_a_missing_member() {
     let payload: Vec<u8> = (0..24u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     std::fs::write(d.join("payload"), &payload).unwrap();
     run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("r5")));
-    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 30M 1M", "-c", "read -P 0x5a 30M 1M", &served.uri("r5")]));
+    run_ok(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x5a 30M 1M",
+        "-c",
+        "read -P 0x5a 30M 1M",
+        &served.uri("r5"),
+    ]));
     let log = served.stop();
     assert!(log.contains("serving export 'r5'"), "startup line: {log}");
-    let detail: serde_json::Value = serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "m0", "m1", "m2", "m3"]))).unwrap();
+    let detail: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "m0", "m1", "m2", "m3"]))).unwrap();
     assert_eq!(detail["clean"], true, "orderly shutdown marks the array clean");
 
     // Serve again without m2: degraded, same bytes.
@@ -43,7 +52,15 @@ fn raid5_serves_real_clients_and_survives_a_missing_member() {
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x77 1M 3M", &served.uri("r5")]));
     served.stop();
     let served = Served::start(d, "r5", &[], &["m0", "m1", "m3"]);
-    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x77 1M 3M", "-c", "read -P 0x5a 30M 1M", &served.uri("r5")]));
+    run_ok(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "read -P 0x77 1M 3M",
+        "-c",
+        "read -P 0x5a 30M 1M",
+        &served.uri("r5"),
+    ]));
     served.stop();
 
     // Two members missing: refused with a clear message.

@@ -52,9 +52,8 @@ pub fn free_port() -> u16 {
 /// Fails with the Debian package to install when `tool` is missing.
 #[track_caller]
 pub fn require_tool(tool: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
+    let found =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false);
     assert!(found, "{tool} is required for this test: apt-get install {package} (deploy/test-all.sh does it)");
 }
 
@@ -129,6 +128,11 @@ impl Drop for Served {
 #[track_caller]
 pub fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

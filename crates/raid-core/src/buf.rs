@@ -193,7 +193,7 @@ mod tests {
             assert_eq!(b.as_ptr() as usize % BUF_ALIGN, 0);
             assert_eq!(b.len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
-            assert!(b.capacity() >= len && b.capacity() % BUF_ALIGN == 0);
+            assert!(b.capacity() >= len && b.capacity().is_multiple_of(BUF_ALIGN));
         }
     }
 

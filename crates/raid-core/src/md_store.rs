@@ -46,7 +46,11 @@ impl MdStore {
         let image = bitmap.encode();
         (0..self.metadata.members.len())
             .filter(|&i| self.present[i])
-            .map(|device| SuperblockWrite { device, offset_bytes: self.bitmap_offset_bytes(), image: AlignedBuf::from_slice(&image) })
+            .map(|device| SuperblockWrite {
+                device,
+                offset_bytes: self.bitmap_offset_bytes(),
+                image: AlignedBuf::from_slice(&image),
+            })
             .collect()
     }
 
@@ -139,7 +143,11 @@ impl MetadataStore for MdStore {
                 self.metadata.set_role(dev, DevRole::Active(role as u16))?;
                 self.metadata.set_recovery_offset(dev, Some(0))?;
                 let features = &mut self.metadata.members[device].features;
-                if replacement { features.insert(FeatureMap::REPLACEMENT) } else { features.remove(FeatureMap::REPLACEMENT) }
+                if replacement {
+                    features.insert(FeatureMap::REPLACEMENT)
+                } else {
+                    features.remove(FeatureMap::REPLACEMENT)
+                }
             }
             StateChange::RecoveryProgress { device, sectors } => {
                 let dev = self.dev_number(device)?;
@@ -185,12 +193,10 @@ impl MetadataStore for MdStore {
             bitmap.events = self.metadata.events;
         }
         let mut writes = self.bitmap_writes();
-        writes.extend((0..self.metadata.members.len())
-            .filter(|&i| self.present[i])
-            .map(|device| {
-                let image = self.metadata.superblock_for(device).encode();
-                SuperblockWrite { device, offset_bytes: SUPERBLOCK_BYTE_OFFSET, image: AlignedBuf::from_slice(&image) }
-            }));
+        writes.extend((0..self.metadata.members.len()).filter(|&i| self.present[i]).map(|device| {
+            let image = self.metadata.superblock_for(device).encode();
+            SuperblockWrite { device, offset_bytes: SUPERBLOCK_BYTE_OFFSET, image: AlignedBuf::from_slice(&image) }
+        }));
         Ok(writes)
     }
 }

@@ -20,8 +20,11 @@ fn redundant_configs() -> impl Strategy<Value = Config> {
         (3usize..=6, 0u32..=5).prop_map(|(n, l)| (Level::Raid5, l, n)),
         (4usize..=7, prop_oneof![(0u32..=5).boxed(), (16u32..=20).boxed()]).prop_map(|(n, l)| (Level::Raid6, l, n)),
         (2usize..=3).prop_map(|n| (Level::Raid4, 0, n + 1)),
-        (4usize..=6, prop_oneof![Just("n2"), Just("f2"), Just("o2")])
-            .prop_map(|(n, l)| (Level::Raid10, Raid10Layout::parse(l).unwrap().to_md(), n)),
+        (4usize..=6, prop_oneof![Just("n2"), Just("f2"), Just("o2")]).prop_map(|(n, l)| (
+            Level::Raid10,
+            Raid10Layout::parse(l).unwrap().to_md(),
+            n
+        )),
     ]
     .prop_flat_map(move |(level, layout, members)| (Just(level), Just(layout), Just(members), chunk.clone(), 3u64..=6))
     .prop_map(|(level, layout, members, chunk_sectors, stripes)| Config {
@@ -52,11 +55,47 @@ fn drive(rig: &mut Rig, ops: &[Op], step_bytes: u64) {
     panic!("maintenance did not finish");
 }
 
+/// Runs maintenance to completion with one client write in flight during every step,
+/// started after a seed-chosen number of yields; the members yield once per I/O, so the
+/// write lands anywhere in the step, e.g. on a stripe rebuilt before the recovery offset
+/// moves past it.
+fn drive_racing(rig: &mut Rig, pool: &[Arc<TestMember>], ops: &[Op], step_bytes: u64) {
+    for m in pool {
+        m.yield_once.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let mut writes = ops.iter().filter_map(|op| match *op {
+        Op::Write { offset, len, seed } => Some((offset, pattern(seed, len as usize), seed % 64)),
+        _ => None,
+    });
+    for _ in 0..100_000 {
+        let write = writes.next();
+        let array = &rig.array;
+        let (step, written) = block_on(futures::future::join(array.maintenance_step(step_bytes), async {
+            match &write {
+                Some((offset, data, delay)) => {
+                    yield_times(*delay).await;
+                    array.write(*offset, data, false).await
+                }
+                None => Ok(()),
+            }
+        }));
+        written.expect("write during maintenance");
+        if let Some((offset, data, _)) = write {
+            rig.model[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+        }
+        if step.expect("maintenance step") == Step::Idle {
+            return;
+        }
+    }
+    panic!("maintenance did not finish");
+}
+
 /// Points the rig's role list at whatever device now serves each role.
 fn adopt_roles(rig: &mut Rig, pool: &[Arc<TestMember>]) {
     for status in rig.array.role_status() {
         let name = status.name.expect("every role has a device");
-        rig.members[status.role] = pool.iter().find(|m| raid_core::Member::name(m.as_ref()) == name).expect("known member").clone();
+        rig.members[status.role] =
+            pool.iter().find(|m| raid_core::Member::name(m.as_ref()) == name).expect("known member").clone();
     }
 }
 
@@ -93,6 +132,31 @@ proptest! {
     }
 
     #[test]
+    fn rebuild_racing_writes_leaves_redundancy_right(
+        config in redundant_configs(), during in ops_strategy(40), victims in any::<u64>(),
+        step_kib in prop_oneof![Just(64u64), Just(4096)]
+    ) {
+        let mut rig = Rig::new(&config);
+        let failed = rig.pick_victims(victims);
+        prop_assume!(!failed.is_empty());
+        let mut pool = rig.members.clone();
+        for (i, &role) in failed.iter().enumerate() {
+            block_on(rig.array.fail_role(role)).unwrap();
+            let len = raid_core::Member::len_bytes(rig.members[0].as_ref());
+            let spare = Arc::new(TestMember::new(format!("spare{i}"), len));
+            block_on(rig.array.add_spare(spare.clone())).expect("add spare");
+            pool.push(spare);
+        }
+        let during = rig.resolve(&during);
+        drive_racing(&mut rig, &pool, &during, step_kib << 10);
+        prop_assert!(rig.array.role_status().iter().all(|s| s.state == SlotState::InSync), "{:?}", rig.array.role_status());
+        adopt_roles(&mut rig, &pool);
+        rig.assert_consistent();
+        prop_assert_eq!(rig.scrub(false), 0);
+        rig.check_whole_array();
+    }
+
+    #[test]
     fn members_are_replaced_online(
         config in redundant_configs(), during in ops_strategy(30), role in any::<usize>(),
         step_kib in prop_oneof![Just(4u64), Just(64)]
@@ -119,7 +183,8 @@ proptest! {
 fn unclean_array_is_resynced() {
     for level in [Level::Raid1, Level::Raid5, Level::Raid6, Level::Raid10] {
         let members = if level == Level::Raid6 { 5 } else { 4 };
-        let config = Config { level, layout: level.default_layout(), members, chunk_sectors: 16, stripes: 5, unequal_seed: 0 };
+        let config =
+            Config { level, layout: level.default_layout(), members, chunk_sectors: 16, stripes: 5, unequal_seed: 0 };
         let rig = Rig::new(&config);
         // A crash left redundancy stale in places: flip bytes on one member.
         for offset in [DATA_OFFSET_BYTES + 100, DATA_OFFSET_BYTES + 9000, DATA_OFFSET_BYTES + 20_000] {
@@ -159,7 +224,8 @@ fn write_intent_bits_follow_writes_and_drive_resync() {
     for level in [Level::Raid1, Level::Raid5, Level::Raid6, Level::Raid10] {
         let members = if level == Level::Raid6 { 5 } else { 4 };
         // 16 sectors per chunk, 8 stripes: resync space 128 sectors; bitmap chunk 32 sectors.
-        let config = Config { level, layout: level.default_layout(), members, chunk_sectors: 16, stripes: 8, unequal_seed: 0 };
+        let config =
+            Config { level, layout: level.default_layout(), members, chunk_sectors: 16, stripes: 8, unequal_seed: 0 };
         let mut rig = Rig::new(&config);
         let resync_sectors = rig.geometry.resync_sectors();
         let bits = resync_sectors.div_ceil(32);
@@ -204,7 +270,8 @@ fn resync_after_crash_covers_exactly_the_dirty_chunks() {
 /// clean chunk on it, re-adds it and runs recovery to the end.
 fn re_add_rig(level: Level, damage_clean_chunk: bool) -> Rig {
     let members = if level == Level::Raid6 { 5 } else { 4 };
-    let config = Config { level, layout: level.default_layout(), members, chunk_sectors: 16, stripes: 8, unequal_seed: 0 };
+    let config =
+        Config { level, layout: level.default_layout(), members, chunk_sectors: 16, stripes: 8, unequal_seed: 0 };
     let mut rig = Rig::new(&config);
     let bits = rig.geometry.resync_sectors().div_ceil(32);
     rig.array = Rig::reopen(&rig, false).array.with_write_intent(32, bits, &[]);

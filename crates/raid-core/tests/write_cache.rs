@@ -5,105 +5,21 @@
 //! copy, and write-back failures are reported by every later FLUSH.
 
 use std::future::Future;
-use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use futures::executor::block_on;
 use futures::future::join_all;
 use proptest::prelude::*;
-use raid_core::AlignedBuf;
 use raid_core::engine::{Array, RoleMember};
 use raid_core::geometry::{Geometry, Level};
-use raid_core::member::{BufResult, IoFuture, Member, MemoryMember};
+use raid_core::member::Member;
 use raid_core::write_cache::{CHUNK_OVERHEAD_BYTES, WriteCache};
 
-const SECTOR: u64 = 512;
-const DATA_OFFSET_BYTES: u64 = 8192;
-
-/// A memory member that counts reads and writes, can yield once per I/O (so joined
-/// requests interleave), and can be told to fail every write.
-struct TestMember {
-    inner: MemoryMember,
-    reads: AtomicU64,
-    writes: AtomicU64,
-    yield_once: AtomicBool,
-    fail_writes: AtomicBool,
-}
-
-impl TestMember {
-    fn new(name: String, len_bytes: u64) -> Self {
-        Self {
-            inner: MemoryMember::new(name, len_bytes),
-            reads: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
-            yield_once: AtomicBool::new(true),
-            fail_writes: AtomicBool::new(false),
-        }
-    }
-
-    fn wrap<'a, T: Send + 'a>(&'a self, fut: IoFuture<'a, T>) -> IoFuture<'a, T> {
-        if self.yield_once.load(Ordering::Relaxed) { Box::pin(YieldOnce { fut, yielded: false }) } else { fut }
-    }
-}
-
-fn eio() -> io::Error {
-    io::Error::other("injected write failure")
-}
-
-impl Member for TestMember {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn len_bytes(&self) -> u64 {
-        self.inner.len_bytes()
-    }
-    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.wrap(self.inner.read_at(offset_bytes, buf))
-    }
-    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        if self.fail_writes.load(Ordering::Relaxed) {
-            return Box::pin(std::future::ready((Err(eio()), buf)));
-        }
-        self.wrap(self.inner.write_at(offset_bytes, buf, fua))
-    }
-    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        self.wrap(self.inner.flush())
-    }
-    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        if self.fail_writes.load(Ordering::Relaxed) {
-            return Box::pin(std::future::ready(Err(eio())));
-        }
-        self.wrap(self.inner.discard(offset_bytes, len_bytes))
-    }
-    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        if self.fail_writes.load(Ordering::Relaxed) {
-            return Box::pin(std::future::ready(Err(eio())));
-        }
-        self.wrap(self.inner.write_zeroes(offset_bytes, len_bytes))
-    }
-}
-
-struct YieldOnce<'a, T> {
-    fut: IoFuture<'a, T>,
-    yielded: bool,
-}
-
-impl<T> Future for YieldOnce<'_, T> {
-    type Output = T;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        if !self.yielded {
-            self.yielded = true;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        self.fut.as_mut().poll(cx)
-    }
-}
+mod support;
+use support::{DATA_OFFSET_BYTES, SECTOR, TestMember, pattern};
 
 /// Runs `fut`, calling `check` before every poll (invariants that must hold at every
 /// interleaving point, not just between operations).
@@ -126,18 +42,6 @@ fn checked<'a, F: Future>(fut: F, check: &'a (dyn Fn() + Sync)) -> Checked<'a, F
     Checked { fut: Box::pin(fut), check }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// An array over test members, a cache over it, and a model of what reads must return.
 struct Rig {
     geometry: Geometry,
@@ -156,7 +60,7 @@ impl Rig {
         let members: Vec<Arc<TestMember>> = member_sectors
             .iter()
             .enumerate()
-            .map(|(role, s)| Arc::new(TestMember::new(format!("m{role}"), DATA_OFFSET_BYTES + s * SECTOR)))
+            .map(|(role, s)| Arc::new(TestMember::yielding(format!("m{role}"), DATA_OFFSET_BYTES + s * SECTOR)))
             .collect();
         let array = Arc::new(array_over(&geometry, &members));
         let size = array.size_bytes() as usize;

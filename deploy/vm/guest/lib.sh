@@ -36,6 +36,9 @@ trap rig_on_exit EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 run() { echo "+ [$(rig_now)] $*"; "$@"; }
+# `producer | grep -q` is a race under pipefail: grep may exit at its match while the producer
+# still writes, which then dies of SIGPIPE and fails the pipeline. `contains` reads all input.
+contains() { grep -c -- "$1" > /dev/null; } # PATTERN: stdin has a line matching it
 expect_eq() { # ACTUAL EXPECTED WHAT
   [ "$1" = "$2" ] || fail "$3: got '$1', expected '$2'"
   echo "ok: [$(rig_now)] $3 = $1"

@@ -52,13 +52,13 @@ step "2. serve --read-only of the dirty array"
 raidnbd_serve --read-only $ALL
 sleep 2
 raidnbd_stop
-! raidnbd_last_log | grep -q 'superblock write failed' \
+! raidnbd_last_log | contains 'superblock write failed' \
   || bug "serve --read-only of a dirty array writes superblocks at SIGTERM: $(raidnbd_last_log | grep -c 'superblock write failed') x 'superblock write failed: device marked faulty'"
 [ "$(events_all)" = "$E0" ] || bug "serve --read-only changed Events: $E0-> $(events_all)"
 
 step "3. automatic read-only serve of the dirty, degraded array"
 raidnbd_serve $KEPT
-raidnbd_last_log | grep -q 'Serving READ-ONLY' || fail "raidnbd did not serve the dirty degraded RAID5 read-only (precondition)"
+raidnbd_last_log | contains 'Serving READ-ONLY' || fail "raidnbd did not serve the dirty degraded RAID5 read-only (precondition)"
 sleep 2
 raidnbd_stop
 [ "$(events_all)" = "$E0" ] \

@@ -60,7 +60,7 @@ pass() { # NAME MD-LEVEL "CREATE OPTIONS" "MEMBERS" "LEFT-OUT MEMBERS"
 
   step "$name: raidnbd create $create_opts ($(count "$members") members)"
   run raidnbd create $FORCE $create_opts $members
-  mdadm --examine "$first" | grep -q "Raid Level : $md_level\$" || fail "mdadm --examine $first does not show $md_level"
+  mdadm --examine "$first" | contains "Raid Level : $md_level\$" || fail "mdadm --examine $first does not show $md_level"
   FORCE=--force # the next passes overwrite this pass's superblocks on purpose
 
   step "$name: serve, nbd-client -C 2, mkfs.ext4, files, fsck"
@@ -92,7 +92,7 @@ pass() { # NAME MD-LEVEL "CREATE OPTIONS" "MEMBERS" "LEFT-OUT MEMBERS"
   nbd_detach /dev/nbd0
   raidnbd_stop
   raidnbd_serve $kept
-  raidnbd_last_log | grep -q DEGRADED || fail "raidnbd does not say the array is degraded"
+  raidnbd_last_log | contains DEGRADED || fail "raidnbd does not say the array is degraded"
   attach
   expect_eq "$(blockdev --getro /dev/nbd0)" 0 "$name: degraded nbd0 read-only flag (cleanly stopped)"
   expect_eq "$(size_bytes /dev/nbd0)" "$SIZE" "$name: degraded nbd0 size"
@@ -150,7 +150,7 @@ pass() { # NAME MD-LEVEL "CREATE OPTIONS" "MEMBERS" "LEFT-OUT MEMBERS"
   raidnbd_serve $kept
   attach
   expect_eq "$(blockdev --getro /dev/nbd0)" "$want_ro" "$name: nbd0 read-only when degraded after a crash (dirty=$dirty)"
-  [ "$want_ro" = 0 ] || raidnbd_last_log | grep -q 'Serving READ-ONLY' || fail "raidnbd served read-only without saying so"
+  [ "$want_ro" = 0 ] || raidnbd_last_log | contains 'Serving READ-ONLY' || fail "raidnbd served read-only without saying so"
   fsck_clean /dev/nbd0
   verify_files /dev/nbd0 f1 f5 # the oldest files and the ones written just before the crash
   nbd_detach /dev/nbd0

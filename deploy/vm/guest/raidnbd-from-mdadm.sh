@@ -89,7 +89,7 @@ while IFS='|' read -r name idx opts left_out ext4; do
   if [ "$left_out" -gt 0 ]; then
     step "$name: raidnbd serve without the last $left_out member(s)"
     raidnbd_serve $kept
-    raidnbd_last_log | grep -q DEGRADED || fail "raidnbd does not say the array is degraded"
+    raidnbd_last_log | contains DEGRADED || fail "raidnbd does not say the array is degraded"
     nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 2
     expect_eq "$(dev_digest /dev/nbd0)" "$MD_SUM" "$name: digest of degraded nbd0 vs md0"
     nbd_detach /dev/nbd0

@@ -39,7 +39,7 @@ writer() { # until $W/stop exists: rewrite slot k = i % 40 in place, fsync, reco
       || { echo "writer: dd of $M/w/s$k.bin failed at iteration $i" > $W/err; exit 1; }
     md5sum $M/w/s$k.bin > $W/s$k.md5 || { echo "writer: md5sum failed at iteration $i" > $W/err; exit 1; }
     i=$((i + 1))
-    echo $i > $W/count
+    echo $i > $W/count.new && mv $W/count.new $W/count # readers never see it empty
   done
 }
 writer_count() { cat $W/count 2>/dev/null || echo 0; }
@@ -59,10 +59,10 @@ verify_writer() {
   verify_tree / /tmp/writer.md5
 }
 role_state() { # MEMBER: its state in ctl status --json ("" if it has no role)
-  raidnbd_ctl status --json | awk -v m="\"$1\"" '$1 == "\"member\":" && $2 == m"," {f=1} f && $1 == "\"state\":" {gsub(/[",]/, "", $2); print $2; exit}'
+  raidnbd_ctl status --json | awk -v m="\"$1\"" '$1 == "\"member\":" && $2 == m"," {f=1} f && $1 == "\"state\":" && !done {gsub(/[",]/, "", $2); print $2; done=1}'
 }
 last_check_mismatches() { # from ctl status --json
-  raidnbd_ctl status --json | awk '/"last_check"/ {f=1} f && /"mismatch_cnt"/ {gsub(/[^0-9]/, ""); print; exit}'
+  raidnbd_ctl status --json | awk '/"last_check"/ {f=1} f && /"mismatch_cnt"/ && !done {gsub(/[^0-9]/, ""); print; done=1}'
 }
 
 step "raidnbd create RAID5, serve, ext4, static files"
@@ -83,7 +83,7 @@ wait_writes 40 # every slot file exists
 run raidnbd_ctl fail /dev/vdb
 raidnbd_ctl status
 expect_eq "$(role_state /dev/vdb)" faulty "state of /dev/vdb after ctl fail"
-raidnbd_status_json | grep -q '"state": "active, degraded' || fail "ctl status does not say degraded"
+raidnbd_status_json | contains '"state": "active, degraded' || fail "ctl status does not say degraded"
 wait_writes 15
 drop_caches
 verify_tree $M/static /tmp/static.md5
@@ -94,7 +94,7 @@ step "ctl add /dev/vde: rebuild while the writer writes"
 run raidnbd_ctl rebuild-speed 2M 4M
 run raidnbd_ctl add /dev/vde
 n=0 # the worker starts the recovery asynchronously
-until raidnbd_ctl status --json | grep -q '"kind": "recovery"'; do
+until raidnbd_ctl status --json | contains '"kind": "recovery"'; do
   n=$((n + 1)); [ "$n" -le 50 ] || fail "no recovery running 10 s after ctl add"
   sleep 0.2
 done

@@ -32,7 +32,7 @@ expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "mismatch_cnt after check"
 
 step "stop and re-assemble"
 run mdadm --stop /dev/md0
-mdadm --examine /dev/vda | tee "$RIG_RESULTS/standin-mdadm-vda.examine.txt" | grep -q 'Raid Level : raid5' \
+mdadm --examine /dev/vda | tee "$RIG_RESULTS/standin-mdadm-vda.examine.txt" | contains 'Raid Level : raid5' \
   || fail "--examine /dev/vda does not show raid5"
 run mdadm --assemble /dev/md0 $MEMBERS
 expect_eq "$(cat /sys/block/md0/md/raid_disks)" 4 "raid_disks"

@@ -157,7 +157,9 @@ impl<M: Member + ?Sized> Array<M> {
                 .set
                 .iter()
                 .copied()
-                .filter(|c| !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c))
+                .filter(|c| {
+                    !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c)
+                })
                 .collect();
             inner.touched.clear();
             c
@@ -171,7 +173,9 @@ impl<M: Member + ?Sized> Array<M> {
             let mut inner = intent.lock();
             let clear: Vec<u64> = candidates
                 .into_iter()
-                .filter(|c| !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c))
+                .filter(|c| {
+                    !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c)
+                })
                 .collect();
             for c in &clear {
                 inner.set.remove(c);

@@ -75,7 +75,13 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Writes `buf` at `member_sector` of `role`, and to the role's replacement if one is
     /// being built (a failure there drops the replacement, not the role).
-    pub(crate) async fn write_member(&self, role: usize, member_sector: u64, buf: AlignedBuf, fua: bool) -> io::Result<()> {
+    pub(crate) async fn write_member(
+        &self,
+        role: usize,
+        member_sector: u64,
+        buf: AlignedBuf,
+        fua: bool,
+    ) -> io::Result<()> {
         debug_assert_eq!(buf.len() as u64 % SECTOR_BYTES, 0);
         let slot = &self.slots[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
@@ -94,7 +100,13 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Zeroes `sectors` at `member_sector` of `role` (deallocating if allowed), replacement included.
-    pub(crate) async fn zero_member(&self, role: usize, member_sector: u64, sectors: u64, deallocate: bool) -> io::Result<()> {
+    pub(crate) async fn zero_member(
+        &self,
+        role: usize,
+        member_sector: u64,
+        sectors: u64,
+        deallocate: bool,
+    ) -> io::Result<()> {
         let slot = &self.slots[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         if let Some(replacement) = slot.replacement() {
@@ -141,7 +153,12 @@ pub(crate) async fn write_device<M: Member + ?Sized>(
     device.member.write_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, buf, fua).await.0
 }
 
-async fn zero_device<M: Member + ?Sized>(device: &Device<M>, member_sector: u64, sectors: u64, deallocate: bool) -> io::Result<()> {
+async fn zero_device<M: Member + ?Sized>(
+    device: &Device<M>,
+    member_sector: u64,
+    sectors: u64,
+    deallocate: bool,
+) -> io::Result<()> {
     let (offset, len) = (device.data_offset_bytes + member_sector * SECTOR_BYTES, sectors * SECTOR_BYTES);
     if deallocate { device.member.discard(offset, len).await } else { device.member.write_zeroes(offset, len).await }
 }

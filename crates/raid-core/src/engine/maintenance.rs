@@ -166,9 +166,10 @@ impl<M: Member + ?Sized> Array<M> {
     pub fn maintenance_status(&self) -> MaintenanceStatus {
         let m = self.maintenance.lock();
         let (done, total) = match m.current {
-            Some(MaintenanceWork::Recovery { role }) => {
-                (self.slots[role].recovery_offset_sectors().min(self.geometry.member_sectors(role)), self.geometry.member_sectors(role))
-            }
+            Some(MaintenanceWork::Recovery { role }) => (
+                self.slots[role].recovery_offset_sectors().min(self.geometry.member_sectors(role)),
+                self.geometry.member_sectors(role),
+            ),
             Some(MaintenanceWork::Replace { role }) => (
                 self.slots[role].replacement().map_or(0, |r| r.done_sectors.load(Ordering::Acquire)),
                 self.geometry.member_sectors(role),
@@ -193,7 +194,10 @@ impl<M: Member + ?Sized> Array<M> {
     pub fn start_scrub(&self, repair: bool) -> Result<()> {
         self.check_writable("check")?;
         if !self.has_redundancy() {
-            return Err(RaidError::new(ErrorKind::Refused, format!("{} has no redundancy to check", self.geometry.level())));
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("{} has no redundancy to check", self.geometry.level()),
+            ));
         }
         if !self.is_optimal() {
             return Err(RaidError::new(ErrorKind::Refused, "cannot check a degraded or rebuilding array"));
@@ -319,7 +323,12 @@ impl<M: Member + ?Sized> Array<M> {
             return Ok(Step::Worked { work, bytes }); // failed or replaced meanwhile
         }
         slot.set_recovery_offset(next);
-        self.checkpoint(StateChange::RecoveryProgress { device: device.id, sectors: next }, next - start, next >= total).await;
+        self.checkpoint(
+            StateChange::RecoveryProgress { device: device.id, sectors: next },
+            next - start,
+            next >= total,
+        )
+        .await;
         Ok(Step::Worked { work, bytes })
     }
 
@@ -343,8 +352,12 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let (next, bytes) = self.copy_role_range(role, start, max_bytes, Some(&replacement)).await?;
         replacement.done_sectors.store(next, Ordering::Release);
-        self.checkpoint(StateChange::RecoveryProgress { device: replacement.device.id, sectors: next }, next - start, false)
-            .await;
+        self.checkpoint(
+            StateChange::RecoveryProgress { device: replacement.device.id, sectors: next },
+            next - start,
+            false,
+        )
+        .await;
         Ok(Step::Worked { work, bytes })
     }
 
@@ -379,7 +392,11 @@ impl<M: Member + ?Sized> Array<M> {
         let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
         let mut member_sector = start;
         // A bitmap re-add copies whole bitmap chunks only: do not cross their boundaries.
-        let bitmap_chunk = self.intent.as_ref().filter(|_| self.slots[role].bitmap_recovery.load(Ordering::Acquire)).map(|i| i.chunk_sectors);
+        let bitmap_chunk = self
+            .intent
+            .as_ref()
+            .filter(|_| self.slots[role].bitmap_recovery.load(Ordering::Acquire))
+            .map(|i| i.chunk_sectors);
         while member_sector < end {
             let mut run = (piece - member_sector % piece).min(end - member_sector);
             if let Some(c) = bitmap_chunk
@@ -433,16 +450,24 @@ impl<M: Member + ?Sized> Array<M> {
             let source = mapped
                 .copies
                 .iter()
-                .filter(|c| (c.role != role || replacement.is_some()) && self.slots[c.role].is_readable(c.member_sector, sectors))
+                .filter(|c| {
+                    (c.role != role || replacement.is_some())
+                        && self.slots[c.role].is_readable(c.member_sector, sectors)
+                })
                 .min_by_key(|c| self.read_load(c.role));
             let Some(source) = source else {
                 return Err(RaidError::new(
                     ErrorKind::Io,
-                    format!("rebuild of role {role}: no readable copy of array sectors {array_sector}..{}", array_sector + sectors),
+                    format!(
+                        "rebuild of role {role}: no readable copy of array sectors {array_sector}..{}",
+                        array_sector + sectors
+                    ),
                 ));
             };
             let Some(device) = self.slots[source.role].device() else { continue };
-            match read_device(&device, source.member_sector, sectors, &self.slots[source.role].inflight_read_bytes).await {
+            match read_device(&device, source.member_sector, sectors, &self.slots[source.role].inflight_read_bytes)
+                .await
+            {
                 Ok(buf) => {
                     let res = match replacement {
                         Some(r) => write_device(&r.device, member_sector, buf, false).await,
@@ -553,13 +578,19 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let device = self.new_device(member).await?;
         self.spares.lock().expect("spares lock").push(device.clone());
-        let added = self.try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() }).await;
+        let added = self
+            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
+            .await;
         self.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
         added?;
         self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
         slot.bitmap_recovery.store(true, Ordering::Release);
         slot.install(device.clone(), Some(0));
-        tracing::info!(role, member = device.member.name(), "member re-added: copying only chunks written while it was away");
+        tracing::info!(
+            role,
+            member = device.member.name(),
+            "member re-added: copying only chunks written while it was away"
+        );
         drop(_g);
         self.maintenance.wake();
         Ok(())
@@ -610,7 +641,10 @@ impl<M: Member + ?Sized> Array<M> {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             // The spare must be reachable for its own superblock write.
             self.spares.lock().expect("spares lock").push(device.clone());
-            if let Err(e) = self.try_persist_locked(StateChange::AddSpare { device: id, device_bytes: device.member.len_bytes() }).await {
+            if let Err(e) = self
+                .try_persist_locked(StateChange::AddSpare { device: id, device_bytes: device.member.len_bytes() })
+                .await
+            {
                 self.spares.lock().expect("spares lock").retain(|d| d.id != id);
                 return Err(e);
             }
@@ -625,19 +659,29 @@ impl<M: Member + ?Sized> Array<M> {
         self.check_writable("replace")?;
         let slot = self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
         if slot.state() != SlotState::InSync || slot.replacement().is_some() {
-            return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not in sync or is already being replaced")));
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("role {role} is not in sync or is already being replaced"),
+            ));
         }
         if !self.has_redundancy() {
-            return Err(RaidError::new(ErrorKind::Refused, format!("{} cannot replace members online", self.geometry.level())));
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("{} cannot replace members online", self.geometry.level()),
+            ));
         }
         let device = self.new_device(member).await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.spares.lock().expect("spares lock").push(device.clone());
-        let added = self.try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() }).await;
+        let added = self
+            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
+            .await;
         self.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
         added?;
         slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));
-        if let Err(e) = self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: true }).await {
+        if let Err(e) =
+            self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: true }).await
+        {
             slot.set_replacement(None);
             return Err(e);
         }

@@ -42,10 +42,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use futures::future::join_all;
 
 pub use lock_table::{LockGuard, LockTable};
+pub use maintenance::{MaintenanceStatus, MaintenanceWork, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 pub use read_data::{ReadData, Segment};
 pub use scrub::ScrubCounts;
-pub use maintenance::{MaintenanceStatus, MaintenanceWork, Step};
 pub use slot::{Device, RoleMember, SlotState};
 
 use crate::SECTOR_BYTES;
@@ -202,9 +202,9 @@ impl<M: Member + ?Sized> Array<M> {
                 device_id: s.device().map(|d| d.id),
                 state: s.state(),
                 recovery_offset_sectors: (s.state() == SlotState::Recovering).then(|| s.recovery_offset_sectors()),
-                replacement: s.replacement().map(|r| {
-                    (r.device.member.name().to_string(), r.device.id, r.done_sectors.load(Ordering::Acquire))
-                }),
+                replacement: s
+                    .replacement()
+                    .map(|r| (r.device.member.name().to_string(), r.device.id, r.done_sectors.load(Ordering::Acquire))),
             })
             .collect()
     }
@@ -354,7 +354,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     fn check_io(&self, offset_bytes: u64, len_bytes: u64, limit: bool) -> Result<()> {
         let end = offset_bytes.checked_add(len_bytes);
-        if offset_bytes % SECTOR_BYTES != 0 || len_bytes % SECTOR_BYTES != 0 {
+        if !offset_bytes.is_multiple_of(SECTOR_BYTES) || !len_bytes.is_multiple_of(SECTOR_BYTES) {
             return Err(RaidError::new(
                 ErrorKind::OutOfRange,
                 format!("request {offset_bytes}+{len_bytes} is not 512-byte aligned"),
@@ -485,9 +485,11 @@ impl<M: Member + ?Sized> Array<M> {
             first = false;
             let targets: Vec<(Device<M>, SuperblockWrite)> =
                 writes.into_iter().filter_map(|w| self.device_by_id(w.device).map(|d| (d, w))).collect();
-            let results = join_all(targets.into_iter().map(|(d, w)| async move {
-                (d.id, d.member.write_at(w.offset_bytes, w.image, true).await.0)
-            }))
+            let results = join_all(
+                targets
+                    .into_iter()
+                    .map(|(d, w)| async move { (d.id, d.member.write_at(w.offset_bytes, w.image, true).await.0) }),
+            )
             .await;
             for (device, res) in results {
                 if let Err(e) = res {

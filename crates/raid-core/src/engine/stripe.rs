@@ -52,6 +52,10 @@ fn block_kinds(layout: &StripeLayout, parity_disks: usize) -> Vec<BlockKind> {
     kinds
 }
 
+/// Rebuilt block buffers, each with the (request offset, offset in buffer, length) of the
+/// pieces a read wanted from it.
+type RebuiltPieces = Vec<(AlignedBuf, Vec<(usize, usize, usize)>)>;
+
 /// One segment of one stripe being written.
 struct Job {
     /// Index into the request's stripe writes.
@@ -125,16 +129,12 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Rebuilds the wanted data pieces of one stripe from its readable blocks.
     /// Returns block buffers with the (request offset, offset in buffer, length) of each piece.
-    async fn read_degraded_stripe(
-        &self,
-        stripe: u64,
-        wanted: Vec<(usize, u32, u64, usize)>,
-    ) -> Result<Vec<(AlignedBuf, Vec<(usize, usize, usize)>)>> {
+    async fn read_degraded_stripe(&self, stripe: u64, wanted: Vec<(usize, u32, u64, usize)>) -> Result<RebuiltPieces> {
         let _guard = self.locks.lock(stripe).await;
         let lo = wanted.iter().map(|w| w.1).min().expect("at least one piece");
         let hi = wanted.iter().map(|w| w.1 + w.2 as u32).max().expect("at least one piece");
         let mut blocks = self.load_stripe_rows(stripe, (lo, hi)).await?;
-        let mut out: Vec<(AlignedBuf, Vec<(usize, usize, usize)>)> = Vec::new();
+        let mut out: RebuiltPieces = Vec::new();
         let mut index_of_block = vec![usize::MAX; blocks.len()];
         for (k, row, sectors, req_offset) in wanted {
             if index_of_block[k] == usize::MAX {
@@ -220,9 +220,8 @@ impl<M: Member + ?Sized> Array<M> {
         let pg = self.parity_geometry();
         let layouts: Vec<StripeLayout> = writes.iter().map(|w| pg.stripe(w.stripe)).collect();
         let (Some(first), Some(last)) = (writes.first(), writes.last()) else { return Ok(()) };
-        let _intent = self
-            .intent_begin(pg.stripe_member_sector(first.stripe)..pg.stripe_member_sector(last.stripe + 1))
-            .await?;
+        let _intent =
+            self.intent_begin(pg.stripe_member_sector(first.stripe)..pg.stripe_member_sector(last.stripe + 1)).await?;
         for _attempt in 0..=self.slots.len() {
             let mut jobs = self.plan_jobs(writes, &layouts)?;
             let layouts_ref = &layouts;
@@ -292,8 +291,13 @@ impl<M: Member + ?Sized> Array<M> {
                 let unreadable_data = (0..dd).filter(|&k| !readable(k)).fold(0u64, |m, k| m | 1 << k);
                 let readable_parity: Vec<usize> = (dd..dd + np).filter(|&b| readable(b)).collect();
                 let mut mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len());
-                if mode == Mode::ReadModifyWrite && !readable_parity.is_empty() && !self.stripe_synced(w.stripe) {
-                    // Parity not resynced since an unclean stop: rebuild it from the data (as md).
+                // A parity block being rebuilt (writable, not yet readable here) may already be
+                // rebuilt, so it must get the new parity, which read-modify-write cannot give it.
+                let parity_recovering =
+                    (dd..dd + np).any(|b| !readable(b) && self.slots[block_role(layout, b)].is_writable());
+                let parity_stale = !readable_parity.is_empty() && !self.stripe_synced(w.stripe);
+                if mode == Mode::ReadModifyWrite && (parity_recovering || parity_stale) {
+                    // Stale: parity not resynced since an unclean stop; rebuild it from the data (as md).
                     mode = Mode::ReconstructWrite;
                 }
                 let reads: Vec<usize> = match mode {

@@ -206,7 +206,9 @@ mod inverse_tests {
     /// member chunk holds exactly one array chunk.
     #[test]
     fn array_sector_of_inverts_map() {
-        for (layout, disks) in [("n2", 4), ("n2", 3), ("n3", 5), ("f2", 4), ("f2", 3), ("f3", 5), ("o2", 4), ("o3", 3), ("o2", 5)] {
+        for (layout, disks) in
+            [("n2", 4), ("n2", 3), ("n3", 5), ("f2", 4), ("f2", 3), ("f3", 5), ("o2", 4), ("o3", 3), ("o2", 5)]
+        {
             let code = Raid10Layout::parse(layout).unwrap().to_md();
             let g = Raid10Geometry::new(code, 8, disks, 8 * 23).unwrap();
             let mut hits = 0;

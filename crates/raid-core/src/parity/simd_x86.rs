@@ -10,7 +10,6 @@
 //! [`super::syndrome`], after `is_x86_feature_detected!` said yes (see
 //! [`super::ParityImpl::is_available`]); that is what makes the intrinsic calls sound.
 
-
 use std::arch::x86_64::*;
 
 use super::gf256::{AFFINE_MATRICES, NIBBLE_PRODUCTS};

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use futures::executor::block_on;
@@ -59,12 +59,16 @@ pub fn ops_strategy(max: usize) -> impl Strategy<Value = Vec<RawOp>> {
     )
 }
 
-/// A memory member that can be told to fail every I/O after some number of operations,
-/// and to yield once per operation so concurrent requests interleave.
+/// A memory member that counts its reads and writes, can be told to fail every I/O after
+/// some number of operations (or every write), and can yield once per operation so
+/// concurrent requests interleave.
 pub struct TestMember {
     inner: MemoryMember,
     fail_after: AtomicI64,
-    yield_once: AtomicBool,
+    pub yield_once: AtomicBool,
+    pub fail_writes: AtomicBool,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
 }
 
 impl TestMember {
@@ -73,7 +77,17 @@ impl TestMember {
             inner: MemoryMember::new(name, len_bytes),
             fail_after: AtomicI64::new(-1),
             yield_once: AtomicBool::new(false),
+            fail_writes: AtomicBool::new(false),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
         }
+    }
+
+    /// A member that yields once per operation from the start.
+    pub fn yielding(name: String, len_bytes: u64) -> Self {
+        let m = Self::new(name, len_bytes);
+        m.yield_once.store(true, Ordering::Relaxed);
+        m
     }
 
     pub fn snapshot(&self) -> Vec<u8> {
@@ -114,13 +128,15 @@ impl Member for TestMember {
         self.inner.len_bytes()
     }
     fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         if self.failing() {
             return Box::pin(std::future::ready((Err(eio()), buf)));
         }
         self.wrap(self.inner.read_at(offset_bytes, buf))
     }
     fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        if self.failing() {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.failing() || self.fail_writes.load(Ordering::Relaxed) {
             return Box::pin(std::future::ready((Err(eio()), buf)));
         }
         self.wrap(self.inner.write_at(offset_bytes, buf, fua))
@@ -132,16 +148,36 @@ impl Member for TestMember {
         self.wrap(self.inner.flush())
     }
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        if self.failing() {
+        if self.failing() || self.fail_writes.load(Ordering::Relaxed) {
             return Box::pin(std::future::ready(Err(eio())));
         }
         self.wrap(self.inner.discard(offset_bytes, len_bytes))
     }
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        if self.failing() {
+        if self.failing() || self.fail_writes.load(Ordering::Relaxed) {
             return Box::pin(std::future::ready(Err(eio())));
         }
         self.wrap(self.inner.write_zeroes(offset_bytes, len_bytes))
+    }
+}
+
+/// Returns to the executor `times` times before completing (lets other futures of a
+/// `join` make progress first).
+pub async fn yield_times(times: u64) {
+    struct YieldNow(bool);
+    impl Future for YieldNow {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.0 {
+                return Poll::Ready(());
+            }
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+    for _ in 0..times {
+        YieldNow(false).await;
     }
 }
 
@@ -198,6 +234,22 @@ fn member_sizes(config: &Config) -> Vec<u64> {
         .collect()
 }
 
+/// Every member in the role of its index, in sync.
+fn role_members(members: &[Arc<TestMember>]) -> Vec<Option<RoleMember<TestMember>>> {
+    members
+        .iter()
+        .enumerate()
+        .map(|(role, m)| {
+            Some(RoleMember {
+                member: m.clone(),
+                data_offset_bytes: DATA_OFFSET_BYTES,
+                recovery_offset_sectors: None,
+                device_id: role,
+            })
+        })
+        .collect()
+}
+
 impl Rig {
     pub fn new(config: &Config) -> Rig {
         let member_sectors = member_sizes(config);
@@ -213,22 +265,14 @@ impl Rig {
 
     /// A new array over the same members (a restart), `dirty` as after an unclean stop.
     pub fn reopen(rig: &Rig, dirty: bool) -> Rig {
-        let mut new = Self::with_members(rig.config.clone(), rig.geometry.clone(), rig.member_sectors.clone(), rig.members.clone());
+        let mut new = Self::with_members(
+            rig.config.clone(),
+            rig.geometry.clone(),
+            rig.member_sectors.clone(),
+            rig.members.clone(),
+        );
         if dirty {
-            let roles = new
-                .members
-                .iter()
-                .enumerate()
-                .map(|(role, m)| {
-                    Some(RoleMember {
-                        member: m.clone(),
-                        data_offset_bytes: DATA_OFFSET_BYTES,
-                        recovery_offset_sectors: None,
-                        device_id: role,
-                    })
-                })
-                .collect();
-            new.array = Array::new(rig.geometry.clone(), roles, None, true).expect("array starts");
+            new.array = Array::new(rig.geometry.clone(), role_members(&new.members), None, true).expect("array starts");
         }
         new
     }
@@ -239,19 +283,7 @@ impl Rig {
         member_sectors: Vec<u64>,
         members: Vec<Arc<TestMember>>,
     ) -> Rig {
-        let roles = members
-            .iter()
-            .enumerate()
-            .map(|(role, m)| {
-                Some(RoleMember {
-                    member: m.clone(),
-                    data_offset_bytes: DATA_OFFSET_BYTES,
-                    recovery_offset_sectors: None,
-                    device_id: role,
-                })
-            })
-            .collect();
-        let array = Array::new(geometry.clone(), roles, None, false).expect("array starts");
+        let array = Array::new(geometry.clone(), role_members(&members), None, false).expect("array starts");
         let size = array.size_bytes() as usize;
         let sectors = size / SECTOR as usize;
         let model = Self::read_all_from(&array);
@@ -286,7 +318,7 @@ impl Rig {
                     7 => 1 + u64::from(r.len_raw) % (chunk * 3),
                     _ => 1 + u64::from(r.len_raw) % (chunk * self.config.members as u64 * 3),
                 };
-                let len = len_sectors.min(sectors - at).min((32 << 20) / SECTOR).max(1);
+                let len = len_sectors.clamp(1, (sectors - at).min((32 << 20) / SECTOR));
                 let (offset, len) = (at * SECTOR, len * SECTOR);
                 match r.kind {
                     0..=3 => Op::Write { offset, len, seed: r.seed },
