@@ -37,7 +37,9 @@ echo "== tests took $(( $(date +%s) - start ))s"
 
 if [ "${SKIP_VM:-0}" != 1 ]; then
   echo "== kernel VM rig"
-  cargo build --profile ci --locked --bin raidnbd
+  # The binary the end-to-end tests just ran (`cargo build --bin` alone would rebuild the
+  # workspace with other features).
+  [ -x target/ci/raidnbd ] || cargo build --profile ci --locked --bin raidnbd
   deploy/vm/run-all.sh --raidnbd target/ci/raidnbd
 fi
 echo "== all tests passed in $(( $(date +%s) - start ))s"
