@@ -5,6 +5,36 @@ use std::process::Command;
 
 use crate::util::*;
 
+/// The README's first command: `raidnbd quickstart` makes a RAID5 of four sparse 1 GiB
+/// members and serves it; a second run reuses the directory and the data.
+#[test]
+fn quickstart_serves_a_raid5_and_reuses_it() {
+    require_tool("nbdinfo", "libnbd-bin");
+    require_tool("qemu-io", "qemu-utils");
+    let dir = tempdir();
+    let d = dir.path();
+    let quickstart =
+        |listen: &str| vec!["quickstart".into(), "--dir".into(), "qs".into(), "--listen".into(), listen.into()];
+    let served = Served::run(d, quickstart);
+    let info = run_ok(Command::new("nbdinfo").args(["--json", &served.uri("quickstart")]));
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let size = v["exports"][0]["export-size"].as_u64().unwrap();
+    assert!(size > (3 * 1000) << 20 && size <= 3 << 30, "3 data members of 1 GiB less metadata: {size}");
+    for m in 0..4 {
+        let len = std::fs::metadata(d.join(format!("qs/member{m}.img"))).unwrap().len();
+        assert_eq!(len, 1 << 30, "member{m}.img is 1 GiB");
+    }
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x3c 100M 2M", &served.uri("quickstart")]));
+    let log = served.stop();
+    assert!(log.contains("nbd-client 127.0.0.1") && log.contains("nbdinfo nbd://"), "prints how to attach: {log}");
+    assert!(log.contains("raid5"), "{log}");
+
+    let served = Served::run(d, quickstart);
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x3c 100M 2M", &served.uri("quickstart")]));
+    let log = served.stop();
+    assert!(!log.contains("created raid5"), "second run reuses the array: {log}");
+}
+
 #[test]
 fn raid5_serves_real_clients_and_survives_a_missing_member() {
     require_tool("nbdinfo", "libnbd-bin");

@@ -2,7 +2,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_raidnbd");
@@ -66,18 +66,25 @@ pub struct Served {
 
 impl Served {
     pub fn start(dir: &Path, export: &str, extra: &[&str], members: &[&str]) -> Served {
+        Self::run(dir, |listen| {
+            let mut args =
+                vec!["serve".to_string(), "--listen".into(), listen.into(), "--export".into(), export.into()];
+            args.extend(extra.iter().chain(members).map(|a| a.to_string()));
+            args
+        })
+    }
+
+    /// Runs `raidnbd ARGS` (ARGS from the listen address on a free port) until it listens.
+    pub fn run(dir: &Path, args: impl FnOnce(&str) -> Vec<String>) -> Served {
         let port = free_port();
         let log = dir.join(format!("serve-{port}.log"));
-        let listen = format!("127.0.0.1:{port}");
-        let mut args = vec!["serve", "--listen", &listen, "--export", export];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(members);
+        let log_file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(BIN)
-            .args(&args)
+            .args(args(&format!("127.0.0.1:{port}")))
             .current_dir(dir)
             .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
+            .stdout(log_file.try_clone().expect("log file"))
+            .stderr(log_file)
             .spawn()
             .expect("spawn raidnbd serve");
         let served = Served { child, port, log };

@@ -6,12 +6,15 @@
 #
 # Usage: crates/nbd-server/bench/vs-nbdkit.sh            (defaults below)
 #        ROUNDS=5 RUNTIME=10 SIZE=1G crates/nbd-server/bench/vs-nbdkit.sh
+#        ONLY=seq crates/nbd-server/bench/vs-nbdkit.sh     (workloads whose name contains "seq")
 # Needs: fio, nbdkit (Debian packages fio, nbdkit), /usr/bin/python3, cargo.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-8}
 SIZE=${SIZE:-1G}
+ONLY=${ONLY:-}
+OURS_ARGS=${OURS_ARGS:-} # extra serve_file arguments, e.g. "--threads 4"
 IMG=${IMG:-/dev/shm/nbd-bench.img}
 OURS_PORT=${OURS_PORT:-10911}
 NBDKIT_PORT=${NBDKIT_PORT:-10912}
@@ -38,7 +41,8 @@ trap cleanup EXIT
 echo "filling $IMG ($SIZE) with random data..." >&2
 fio --name=fill --filename="$IMG" --rw=write --bs=1m --size="$SIZE" --refill_buffers --output=/dev/null
 
-"$SERVE_FILE" --file "$IMG" --listen "127.0.0.1:$OURS_PORT" >"$WORK/ours.log" 2>&1 &
+# shellcheck disable=SC2086
+"$SERVE_FILE" --file "$IMG" --listen "127.0.0.1:$OURS_PORT" $OURS_ARGS >"$WORK/ours.log" 2>&1 &
 OURS_PID=$!
 nbdkit -f -P "$WORK/nbdkit.pid" -i 127.0.0.1 -p "$NBDKIT_PORT" file "$IMG" >"$WORK/nbdkit.log" 2>&1 &
 for _ in $(seq 50); do
@@ -75,6 +79,7 @@ RESULTS=$WORK/results.txt
 for round in $(seq "$ROUNDS"); do
     for workload in "${WORKLOADS[@]}"; do
         read -r name args <<<"$workload"
+        [[ $name == *"$ONLY"* ]] || continue
         # Alternate which server goes first to cancel drift.
         if (( round % 2 )); then order="ours nbdkit"; else order="nbdkit ours"; fi
         for server in $order; do

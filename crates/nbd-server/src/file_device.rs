@@ -4,8 +4,10 @@
 //! pool (`spawn_blocking`); on a memory-backed file (tmpfs, ramfs: detected with `fstatfs`,
 //! or forced with [`FileDevice::set_inline_io`]) it runs inline in the calling task, since
 //! there a syscall is a memory copy that never waits for a disk and the thread hand-off
-//! would cost more than the copy (large copies, over 128 KiB, still go to the pool so that
-//! they run in parallel with the connection's reader). The syscalls are
+//! would cost more than the copy. Large reads (over 128 KiB) still go to the pool, which
+//! measured faster for 1 MiB reads (the task that then writes the reply stays free);
+//! writes of any size run inline (1 MiB writes: 0.85-0.90x nbdkit through the pool,
+//! 0.98-1.15x inline; `bench/vs-nbdkit.sh`). The syscalls are
 //! `pread`/`pwrite` (offset-explicit, so concurrent requests never share a file position),
 //! `fdatasync` for FLUSH and FUA, `fallocate` for TRIM (`PUNCH_HOLE`) and WRITE_ZEROES
 //! (`PUNCH_HOLE`, or with NO_HOLE `ZERO_RANGE`, falling back to punch + allocate and
@@ -33,8 +35,9 @@ use crate::device::{
 /// Block status stops after this many extents (the rest of the range is left undescribed,
 /// which the protocol allows).
 const MAX_EXTENTS: usize = 1024;
-/// Memory-backed I/O up to this size runs inline; larger copies go to the blocking pool.
-const INLINE_IO_MAX_BYTES: u64 = 128 * 1024;
+/// Memory-backed operations that may copy up to this much run inline; larger ones go to the
+/// blocking pool (except writes, see the module docs).
+const INLINE_COPY_MAX_BYTES: u64 = 128 * 1024;
 /// Buffer used when zeroes must be written by hand.
 const ZERO_WRITE_BYTES: usize = 1024 * 1024;
 
@@ -112,15 +115,14 @@ impl FileDevice {
         self.inline_io
     }
 
-    /// Runs a blocking operation touching `len_bytes` of the file: inline when the file is
-    /// memory-backed and the operation small, else on the blocking pool (where large
-    /// copies also run in parallel with the connection's reader).
-    fn blocking<T, F>(&self, len_bytes: u64, op: F) -> DeviceFuture<'_, DeviceResult<T>>
+    /// Runs a blocking operation that may copy `copy_bytes`: inline when the file is
+    /// memory-backed and that is at most [`INLINE_COPY_MAX_BYTES`], else on the blocking pool.
+    fn blocking<T, F>(&self, copy_bytes: u64, op: F) -> DeviceFuture<'_, DeviceResult<T>>
     where
         T: Send + 'static,
         F: FnOnce(&File) -> DeviceResult<T> + Send + 'static,
     {
-        if self.inline_io && len_bytes <= INLINE_IO_MAX_BYTES {
+        if self.inline_io && copy_bytes <= INLINE_COPY_MAX_BYTES {
             return Box::pin(std::future::ready(op(&self.file)));
         }
         let file = self.file.clone();
@@ -250,7 +252,8 @@ impl BlockDevice for FileDevice {
     }
 
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        self.blocking(data.len() as u64, move |file| {
+        // Inline at any size on memory-backed files (measured faster, see the module docs).
+        self.blocking(0, move |file| {
             file.write_all_at(&data, offset).map_err(|e| os_error(e, offset))?;
             if fua {
                 file.sync_data().map_err(|e| os_error(e, offset))?;
