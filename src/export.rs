@@ -14,12 +14,10 @@ use bytes::Bytes;
 use nbd_server::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, ReadChunk, ZeroFlags,
 };
+use nbd_server::protocol::consts::MAX_PAYLOAD_BYTES;
 use raid_core::engine::Array;
 use raid_core::write_cache::WriteCache;
 use raid_core::{ErrorKind, Member, RaidError};
-
-/// Largest payload advertised to clients (the kernel client's own maximum).
-const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
 
 pub struct ArrayDevice {
     array: Arc<Array<dyn Member>>,
@@ -32,19 +30,12 @@ impl ArrayDevice {
     pub fn new(array: Arc<Array<dyn Member>>, read_only: bool, description: String) -> Self {
         let geometry = array.geometry();
         let info = DeviceInfo {
-            size_bytes: array.size_bytes(),
             read_only,
-            can_flush: true,
-            can_trim: true,
-            can_write_zeroes: true,
             can_fast_zero: false,
             can_cache: false,
-            can_multi_conn: true,
-            rotational: false,
             min_block_bytes: 512,
             preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors()),
-            max_payload_bytes: MAX_PAYLOAD_BYTES,
-            description,
+            ..DeviceInfo::full_featured(array.size_bytes(), description)
         };
         Self { array, cache: None, info }
     }

@@ -67,54 +67,54 @@ impl<O: FileOps> FileMember<O> {
         if self.file.is_read_only() { Err(io::Error::from_raw_os_error(libc::EROFS)) } else { Ok(()) }
     }
 
-    async fn read(&self, offset_bytes: u64, mut buf: AlignedBuf) -> BufResult {
+    async fn read(&self, offset_bytes: u64, buf: AlignedBuf) -> BufResult {
         if let Err(e) = self.check_io(offset_bytes, buf.len() as u64) {
             return (Err(e), buf);
         }
+        self.transfer(false, offset_bytes, buf).await
+    }
+
+    async fn write(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> BufResult {
+        if let Err(e) = self.check_io(offset_bytes, buf.len() as u64).and_then(|()| self.check_writable()) {
+            return (Err(e), buf);
+        }
+        let (res, buf) = self.transfer(true, offset_bytes, buf).await;
+        if res.is_ok()
+            && fua
+            && let Err(e) = self.flush().await
+        {
+            return (Err(e), buf);
+        }
+        (res, buf)
+    }
+
+    /// Reads (or writes) all of `buf` at `offset_bytes`, in operations of at most
+    /// `MAX_OP_BYTES`, continuing after short transfers.
+    async fn transfer(&self, write: bool, offset_bytes: u64, mut buf: AlignedBuf) -> BufResult {
+        let short_kind = if write { io::ErrorKind::WriteZero } else { io::ErrorKind::UnexpectedEof };
         let len = buf.len();
         let mut done = 0;
         while done < len {
             let end = len.min(done + MAX_OP_BYTES);
-            let (res, back) = self.ops.read(FileRef::new(&self.file), offset_bytes + done as u64, buf, done..end).await;
+            let (file, at) = (FileRef::new(&self.file), offset_bytes + done as u64);
+            let (res, back) = if write {
+                self.ops.write(file, at, buf, done..end).await
+            } else {
+                self.ops.read(file, at, buf, done..end).await
+            };
             buf = back;
             match res {
                 Ok(n) if n > 0 && n <= end - done => done += n,
                 Ok(n) => {
-                    debug_assert_eq!(n, 0, "read returned more than asked");
-                    return (Err(self.short_io(io::ErrorKind::UnexpectedEof, offset_bytes, done, len)), buf);
+                    debug_assert_eq!(n, 0, "transfer of more than asked");
+                    return (Err(self.short_io(short_kind, offset_bytes, done, len)), buf);
                 }
                 Err(e) => return (Err(e), buf),
             }
             if done < len && !done.is_multiple_of(self.file.align_bytes()) {
-                // A short O_DIRECT read ends at end of file; continuing would be misaligned.
-                return (Err(self.short_io(io::ErrorKind::UnexpectedEof, offset_bytes, done, len)), buf);
+                // A short O_DIRECT transfer ends at end of file; continuing would be misaligned.
+                return (Err(self.short_io(short_kind, offset_bytes, done, len)), buf);
             }
-        }
-        (Ok(()), buf)
-    }
-
-    async fn write(&self, offset_bytes: u64, mut buf: AlignedBuf, fua: bool) -> BufResult {
-        if let Err(e) = self.check_io(offset_bytes, buf.len() as u64).and_then(|()| self.check_writable()) {
-            return (Err(e), buf);
-        }
-        let len = buf.len();
-        let mut done = 0;
-        while done < len {
-            let end = len.min(done + MAX_OP_BYTES);
-            let (res, back) =
-                self.ops.write(FileRef::new(&self.file), offset_bytes + done as u64, buf, done..end).await;
-            buf = back;
-            match res {
-                Ok(n) if n > 0 && n <= end - done => done += n,
-                Ok(_) => return (Err(self.short_io(io::ErrorKind::WriteZero, offset_bytes, done, len)), buf),
-                Err(e) => return (Err(e), buf),
-            }
-            if done < len && !done.is_multiple_of(self.file.align_bytes()) {
-                return (Err(self.short_io(io::ErrorKind::WriteZero, offset_bytes, done, len)), buf);
-            }
-        }
-        if fua && let Err(e) = self.flush().await {
-            return (Err(e), buf);
         }
         (Ok(()), buf)
     }
@@ -217,34 +217,7 @@ impl<O: FileOps> FileMember<O> {
     }
 }
 
-impl<O: FileOps> Member for FileMember<O> {
-    fn name(&self) -> &str {
-        self.file.name()
-    }
-    fn len_bytes(&self) -> u64 {
-        self.file.len_bytes()
-    }
-    fn alignment(&self) -> usize {
-        self.file.align_bytes()
-    }
-    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
-        Box::pin(self.read(offset_bytes, buf))
-    }
-    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        Box::pin(self.write(offset_bytes, buf, fua))
-    }
-    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(FileMember::flush(self))
-    }
-    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(FileMember::discard(self, offset_bytes, len_bytes))
-    }
-    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(FileMember::write_zeroes(self, offset_bytes, len_bytes))
-    }
-}
-
-/// Forwards `Member` and the inspection methods of a public backend type to its `FileMember`.
+/// Implements `Member` and the inspection methods of a public backend type with its `FileMember`.
 macro_rules! file_member_type {
     ($name:ident) => {
         impl $name {
@@ -261,28 +234,28 @@ macro_rules! file_member_type {
 
         impl Member for $name {
             fn name(&self) -> &str {
-                self.inner.name()
+                self.inner.file.name()
             }
             fn len_bytes(&self) -> u64 {
-                self.inner.len_bytes()
+                self.inner.file.len_bytes()
             }
             fn alignment(&self) -> usize {
-                self.inner.alignment()
+                self.inner.file.align_bytes()
             }
             fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
-                self.inner.read_at(offset_bytes, buf)
+                Box::pin(self.inner.read(offset_bytes, buf))
             }
             fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-                self.inner.write_at(offset_bytes, buf, fua)
+                Box::pin(self.inner.write(offset_bytes, buf, fua))
             }
             fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-                Member::flush(&self.inner)
+                Box::pin(self.inner.flush())
             }
             fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-                Member::discard(&self.inner, offset_bytes, len_bytes)
+                Box::pin(self.inner.discard(offset_bytes, len_bytes))
             }
             fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-                Member::write_zeroes(&self.inner, offset_bytes, len_bytes)
+                Box::pin(self.inner.write_zeroes(offset_bytes, len_bytes))
             }
         }
     };

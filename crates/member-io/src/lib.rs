@@ -30,7 +30,6 @@ mod options;
 mod probe;
 mod threads;
 mod throttle;
-mod units;
 mod uring;
 
 pub use error::{MemberIoError, Result};
@@ -41,5 +40,4 @@ pub use member_file::create_sparse_file;
 pub use options::{DirectMode, EngineKind, IO_ENGINE_ENV, IoEngine, OpenOptions};
 pub use probe::{UringUnavailable, uring_probe};
 pub use throttle::{DEFAULT_BURST, IOPS_UNIT_BYTES, ThrottleConfig, Throttled, io_cost};
-pub use units::parse_bytes;
 pub use uring::driver::{UringConfig, UringDriver};

@@ -97,19 +97,10 @@ mod tests {
 
     fn info() -> DeviceInfo {
         DeviceInfo {
-            size_bytes: 1 << 30,
-            read_only: false,
-            can_flush: true,
-            can_trim: true,
-            can_write_zeroes: true,
-            can_fast_zero: true,
-            can_cache: true,
-            can_multi_conn: true,
-            rotational: false,
             min_block_bytes: 512,
             preferred_block_bytes: 3 * 64 * 1024,
             max_payload_bytes: 1 << 20,
-            description: String::new(),
+            ..DeviceInfo::full_featured(1 << 30, String::new())
         }
     }
 

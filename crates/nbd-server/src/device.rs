@@ -15,6 +15,8 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 
+use crate::protocol::consts::MAX_PAYLOAD_BYTES;
+
 /// A boxed, sendable future returned by device operations.
 pub type DeviceFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -47,6 +49,28 @@ pub struct DeviceInfo {
     pub max_payload_bytes: u32,
     /// Human-readable text for `NBD_INFO_DESCRIPTION` and LIST.
     pub description: String,
+}
+
+impl DeviceInfo {
+    /// A writable device of `size_bytes` that supports every optional command, with byte
+    /// granularity, 4 KiB preferred blocks and the protocol's largest payload.
+    pub fn full_featured(size_bytes: u64, description: String) -> Self {
+        Self {
+            size_bytes,
+            read_only: false,
+            can_flush: true,
+            can_trim: true,
+            can_write_zeroes: true,
+            can_fast_zero: true,
+            can_cache: true,
+            can_multi_conn: true,
+            rotational: false,
+            min_block_bytes: 1,
+            preferred_block_bytes: 4096,
+            max_payload_bytes: MAX_PAYLOAD_BYTES,
+            description,
+        }
+    }
 }
 
 /// Flags of a WRITE_ZEROES request.

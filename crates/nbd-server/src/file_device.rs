@@ -85,21 +85,7 @@ impl FileDevice {
         let mut handle = &file;
         // Seeking to the end works for regular files and block devices alike.
         let size_bytes = handle.seek(SeekFrom::End(0))?;
-        let info = DeviceInfo {
-            size_bytes,
-            read_only,
-            can_flush: true,
-            can_trim: true,
-            can_write_zeroes: true,
-            can_fast_zero: true,
-            can_cache: true,
-            can_multi_conn: true,
-            rotational: false,
-            min_block_bytes: 1,
-            preferred_block_bytes: 4096,
-            max_payload_bytes: 32 * 1024 * 1024,
-            description: String::from("file"),
-        };
+        let info = DeviceInfo { read_only, ..DeviceInfo::full_featured(size_bytes, String::from("file")) };
         let inline_io = is_memory_backed(&file);
         Ok(Self { file: Arc::new(file), info, inline_io })
     }

@@ -38,21 +38,7 @@ pub struct MemoryDevice {
 impl MemoryDevice {
     /// A writable device of `size_bytes`, all zero, supporting every feature.
     pub fn new(size_bytes: u64) -> Self {
-        let info = DeviceInfo {
-            size_bytes,
-            read_only: false,
-            can_flush: true,
-            can_trim: true,
-            can_write_zeroes: true,
-            can_fast_zero: true,
-            can_cache: true,
-            can_multi_conn: true,
-            rotational: false,
-            min_block_bytes: 1,
-            preferred_block_bytes: 4096,
-            max_payload_bytes: 32 * 1024 * 1024,
-            description: format!("memory device, {size_bytes} bytes"),
-        };
+        let info = DeviceInfo::full_featured(size_bytes, format!("memory device, {size_bytes} bytes"));
         Self::with_info(info)
     }
 

@@ -403,11 +403,7 @@ async fn read_payload<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, 
 /// The reply to a request refused before reaching the device.
 fn rejection_reply(header: &RequestHeader, structured: bool, rejection: Rejection) -> Reply {
     let mut reply = Reply::with_capacity(1);
-    if structured {
-        reply.push_error_chunk(header.cookie, rejection.errno, rejection.message, None);
-    } else {
-        reply.push_simple(header.cookie, rejection.errno);
-    }
+    reply.push_error(header.cookie, structured, rejection.errno, rejection.message, None);
     reply
 }
 
@@ -489,7 +485,12 @@ impl RequestCtx {
                 )
                 .at(piece_offset));
             }
-            chunks.extend(got.into_iter().filter(|c| !c.is_empty()));
+            // Usually one piece: keep the device's vector. (read_reply drops empty chunks.)
+            if chunks.is_empty() {
+                chunks = got;
+            } else {
+                chunks.extend(got);
+            }
             done += piece;
         }
         Ok(chunks)
@@ -592,7 +593,6 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 async fn write_batch<W: AsyncWrite + Unpin>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
     scratch.clear();
     let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(batch.len() * 2);
-    let mut total = 0usize;
     for outgoing in batch {
         for segment in &outgoing.reply.segments {
             let small: Option<&[u8]> = match segment {
@@ -614,7 +614,6 @@ async fn write_batch<W: AsyncWrite + Unpin>(writer: &mut W, batch: &[Outgoing], 
                     Segment::Inline(_) => unreachable!("inline segments are copied"),
                 }
             }
-            total += segment.len();
         }
     }
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(pieces.len() + 4);
@@ -641,6 +640,6 @@ async fn write_batch<W: AsyncWrite + Unpin>(writer: &mut W, batch: &[Outgoing], 
         written += n;
         IoSlice::advance_slices(&mut remaining, n);
     }
-    debug_assert_eq!(written, total);
+    debug_assert_eq!(written, batch.iter().map(|o| o.reply.wire_len()).sum::<usize>());
     Ok(())
 }

@@ -138,12 +138,11 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if let Some(class) = pool_class(self.capacity)
-            && POOLED_BYTES.fetch_add(self.capacity, Ordering::Relaxed) + self.capacity <= POOL_LIMIT_BYTES
-        {
-            POOL[class].lock().expect("buffer pool").push(Pooled(self.ptr));
-            return;
-        } else if pool_class(self.capacity).is_some() {
+        if let Some(class) = pool_class(self.capacity) {
+            if POOLED_BYTES.fetch_add(self.capacity, Ordering::Relaxed) + self.capacity <= POOL_LIMIT_BYTES {
+                POOL[class].lock().expect("buffer pool").push(Pooled(self.ptr));
+                return;
+            }
             POOLED_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
         }
         let layout = Layout::from_size_align(self.capacity, BUF_ALIGN).expect("buffer layout");

@@ -118,7 +118,9 @@ impl Doorbell {
     /// `parked = true; fence; check channel` (Dekker-style: one side always sees the other).
     fn ring_if_parked(&self) {
         fence(Ordering::SeqCst);
-        if self.parked.swap(false, Ordering::SeqCst) {
+        // Load first: the swap writes the cache line the ring thread also writes, so only
+        // pay for it when the thread is parked.
+        if self.parked.load(Ordering::SeqCst) && self.parked.swap(false, Ordering::SeqCst) {
             self.ring();
         }
     }
@@ -259,7 +261,6 @@ struct RingThread {
     closed: bool,
     slab: Vec<Option<InFlight>>,
     free_entries: Vec<usize>,
-    in_flight: usize,
     /// Reused scratch list of (user_data, result) from one pass over the CQ.
     reaped: Vec<(u64, i32)>,
 }
@@ -281,9 +282,13 @@ impl RingThread {
             closed: false,
             slab: (0..max_in_flight).map(|_| None).collect(),
             free_entries: (0..max_in_flight).rev().collect(),
-            in_flight: 0,
             reaped: Vec::with_capacity(max_in_flight + 1),
         })
+    }
+
+    /// Requests submitted and not yet completed (every slab entry not on the free list).
+    fn in_flight(&self) -> usize {
+        self.slab.len() - self.free_entries.len()
     }
 
     fn run(mut self) {
@@ -292,7 +297,7 @@ impl RingThread {
                 self.arm_doorbell();
             }
             self.pull_requests();
-            if self.closed && self.in_flight == 0 {
+            if self.closed && self.in_flight() == 0 {
                 break;
             }
             // Announce sleep, then look again: a sender either sees `parked` or we see its request.
@@ -377,7 +382,6 @@ impl RingThread {
             }
         };
         self.slab[index] = Some(InFlight { req, fixed_slot });
-        self.in_flight += 1;
         self.push(entry.user_data(index as u64));
     }
 
@@ -417,7 +421,6 @@ impl RingThread {
     fn complete(&mut self, index: usize, res: i32) {
         let InFlight { req, fixed_slot } = self.slab[index].take().expect("CQE for an entry in flight");
         self.free_entries.push(index);
-        self.in_flight -= 1;
         let Request { file, op, reply } = req;
         let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as u32) };
         let buf = match op {
@@ -464,11 +467,11 @@ impl Drop for RingThread {
     /// bug while the kernel still owns buffers, freeing them could let a DMA land in memory
     /// that is reused elsewhere: abort instead.
     fn drop(&mut self) {
-        if self.in_flight > 0 && std::thread::panicking() {
-            eprintln!("member-io: io_uring thread panicked with {} requests in flight; aborting", self.in_flight);
+        if self.in_flight() > 0 && std::thread::panicking() {
+            eprintln!("member-io: io_uring thread panicked with {} requests in flight; aborting", self.in_flight());
             std::process::abort();
         }
-        debug_assert!(self.in_flight == 0 || std::thread::panicking());
+        debug_assert!(self.in_flight() == 0 || std::thread::panicking());
     }
 }
 

@@ -32,13 +32,8 @@ pub fn push_device_error(
     len: u32,
     fast_zero: bool,
 ) {
-    let code = device_errno(e.kind, fast_zero);
-    if structured {
-        let in_request = e.offset.filter(|&o| o >= offset && o - offset < u64::from(len));
-        reply.push_error_chunk(cookie, code, &e.message, in_request);
-    } else {
-        reply.push_simple(cookie, code);
-    }
+    let in_request = e.offset.filter(|&o| o >= offset && o - offset < u64::from(len));
+    reply.push_error(cookie, structured, device_errno(e.kind, fast_zero), &e.message, in_request);
 }
 
 /// Frames READ data (or its failure).
@@ -95,15 +90,12 @@ const MIN_HOLE_BYTES: u32 = 4096;
 fn push_structured_read(reply: &mut Reply, cookie: u64, offset: u64, chunks: Vec<ReadChunk>) {
     // Group pieces into runs: a hole run (one big zero chunk) or a data run (everything else).
     let is_hole = |c: &ReadChunk| matches!(c, ReadChunk::Zero(n) if *n >= MIN_HOLE_BYTES);
-    let count = chunks.len();
     let mut pos = offset;
     let mut run: Vec<Segment> = Vec::new();
     let mut run_len = 0u32;
     let mut chunks = chunks.into_iter().peekable();
-    let mut index = 0;
     while let Some(chunk) = chunks.next() {
-        index += 1;
-        let last_piece = index == count;
+        let last_piece = chunks.peek().is_none();
         if is_hole(&chunk) {
             let n = chunk.len() as u32;
             reply.push_offset_hole(last_piece, cookie, pos, n);

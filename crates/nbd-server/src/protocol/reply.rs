@@ -151,6 +151,16 @@ impl Reply {
         self.push_inline(&b);
     }
 
+    /// An error reply: a structured error chunk (with `offset` and `message`) when
+    /// structured replies were negotiated, else a simple reply carrying only `error`.
+    pub fn push_error(&mut self, cookie: u64, structured: bool, error: u32, message: &str, offset: Option<u64>) {
+        if structured {
+            self.push_error_chunk(cookie, error, message, offset);
+        } else {
+            self.push_simple(cookie, error);
+        }
+    }
+
     /// A final error chunk: `ERROR_OFFSET` when `offset` is known, else `ERROR`.
     pub fn push_error_chunk(&mut self, cookie: u64, error: u32, message: &str, offset: Option<u64>) {
         debug_assert!(error != 0);

@@ -45,6 +45,14 @@ pub(crate) struct IntentGuard<'a> {
     chunks: Range<u64>,
 }
 
+impl Inner {
+    /// A set bit nobody is writing under, that was not written since the last sweep and
+    /// is persisted.
+    fn clearable(&self, chunk: u64) -> bool {
+        !self.inflight.contains_key(&chunk) && !self.touched.contains(&chunk) && !self.pending.contains_key(&chunk)
+    }
+}
+
 impl Drop for IntentGuard<'_> {
     fn drop(&mut self) {
         let Some(intent) = self.intent else { return };
@@ -121,10 +129,10 @@ impl<M: Member + ?Sized> Array<M> {
                 }
                 need = need.max(inner.pending.get(&c).copied().unwrap_or(0));
             }
-            need
+            (need > inner.persisted).then_some(need)
         };
         let guard = IntentGuard { intent: Some(intent), chunks };
-        if need > intent.lock().persisted {
+        if let Some(need) = need {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             let (set, generation) = {
                 let mut inner = intent.lock();
@@ -153,14 +161,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let candidates: Vec<u64> = {
             let mut inner = intent.lock();
-            let c = inner
-                .set
-                .iter()
-                .copied()
-                .filter(|c| {
-                    !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c)
-                })
-                .collect();
+            let c = inner.set.iter().copied().filter(|&c| inner.clearable(c)).collect();
             inner.touched.clear();
             c
         };
@@ -171,12 +172,7 @@ impl<M: Member + ?Sized> Array<M> {
         let _g = self.locks.lock(META_LOCK_KEY).await;
         let clear: Vec<u64> = {
             let mut inner = intent.lock();
-            let clear: Vec<u64> = candidates
-                .into_iter()
-                .filter(|c| {
-                    !inner.inflight.contains_key(c) && !inner.touched.contains(c) && !inner.pending.contains_key(c)
-                })
-                .collect();
+            let clear: Vec<u64> = candidates.into_iter().filter(|&c| inner.clearable(c)).collect();
             for c in &clear {
                 inner.set.remove(c);
             }

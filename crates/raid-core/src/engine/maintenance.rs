@@ -21,6 +21,7 @@ use super::scrub::ScrubCounts;
 use super::slot::{Device, Replacement, SlotState};
 use super::{Array, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
+use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
 
@@ -428,11 +429,7 @@ impl<M: Member + ?Sized> Array<M> {
         let member_sector = pg.stripe_member_sector(stripe);
         let mut blocks = self.load_stripe_rows(stripe, (0, chunk)).await?;
         let buf = blocks[block].take().expect("every block loaded");
-        let res = match replacement {
-            Some(r) => write_device(&r.device, member_sector, buf, false).await,
-            None => self.write_member(role, member_sector, buf, false).await,
-        };
-        self.finish_rebuild_write(role, replacement, res).await
+        self.rebuild_write(role, replacement, member_sector, buf).await
     }
 
     async fn rebuild_mirror_piece(
@@ -468,25 +465,26 @@ impl<M: Member + ?Sized> Array<M> {
             match read_device(&device, source.member_sector, sectors, &self.slots[source.role].inflight_read_bytes)
                 .await
             {
-                Ok(buf) => {
-                    let res = match replacement {
-                        Some(r) => write_device(&r.device, member_sector, buf, false).await,
-                        None => self.write_member(role, member_sector, buf, false).await,
-                    };
-                    return self.finish_rebuild_write(role, replacement, res).await;
-                }
+                Ok(buf) => return self.rebuild_write(role, replacement, member_sector, buf).await,
                 Err(e) => self.member_failed(source.role, &e, "rebuild read").await,
             }
         }
         Err(RaidError::new(ErrorKind::Io, format!("rebuild of role {role}: sources kept failing")))
     }
 
-    async fn finish_rebuild_write(
+    /// Writes rebuilt sectors onto the role's device (recovery) or onto `replacement`; a
+    /// failure marks the role faulty, or drops the replacement.
+    async fn rebuild_write(
         &self,
         role: usize,
         replacement: Option<&Arc<Replacement<M>>>,
-        res: std::io::Result<()>,
+        member_sector: u64,
+        buf: AlignedBuf,
     ) -> Result<()> {
+        let res = match replacement {
+            Some(r) => write_device(&r.device, member_sector, buf, false).await,
+            None => self.write_member(role, member_sector, buf, false).await,
+        };
         let Err(e) = res else { return Ok(()) };
         match replacement {
             Some(r) => self.replacement_failed(role, r, &e).await,

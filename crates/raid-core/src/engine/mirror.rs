@@ -153,7 +153,8 @@ impl<M: Member + ?Sized> Array<M> {
         let pieces = self.writable_copies(start_sector, sectors)?;
         let runs = coalesce(pieces);
         let results = join_all(runs.iter().map(|run| {
-            let mut buf = AlignedBuf::zeroed((run.sectors * SECTOR_BYTES) as usize);
+            // The run's pieces tile it (coalesce), so every byte is copied over.
+            let mut buf = AlignedBuf::for_overwrite((run.sectors * SECTOR_BYTES) as usize);
             for (p, at) in &run.pieces {
                 let len = (p.sectors * SECTOR_BYTES) as usize;
                 buf.as_mut_slice()[*at..at + len].copy_from_slice(&data[p.req_offset_bytes..p.req_offset_bytes + len]);
@@ -231,8 +232,7 @@ impl<M: Member + ?Sized> Array<M> {
             let runs = coalesce(self.writable_copies(batch_start, batch)?);
             let results =
                 join_all(runs.iter().map(|r| self.zero_member(r.role, r.member_sector, r.sectors, deallocate))).await;
-            let roles: Vec<usize> = runs.iter().map(|r| r.role).collect();
-            self.finish_mirror_writes(batch_start, batch, roles.into_iter().zip(results), "zero").await?;
+            self.finish_mirror_writes(batch_start, batch, runs.iter().map(|r| r.role).zip(results), "zero").await?;
             batch_start += batch;
         }
         if fua { self.flush().await } else { Ok(()) }

@@ -352,7 +352,9 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
-    fn check_io(&self, offset_bytes: u64, len_bytes: u64, limit: bool) -> Result<()> {
+    /// Checks a request's alignment and range (and, with `limit`, its size); the write
+    /// cache applies the same checks.
+    pub(crate) fn check_io(&self, offset_bytes: u64, len_bytes: u64, limit: bool) -> Result<()> {
         let end = offset_bytes.checked_add(len_bytes);
         if !offset_bytes.is_multiple_of(SECTOR_BYTES) || !len_bytes.is_multiple_of(SECTOR_BYTES) {
             return Err(RaidError::new(

@@ -13,11 +13,12 @@
 use futures::future::join_all;
 
 use super::Array;
+use super::stripe::{block_kinds, block_role};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
-use crate::parity::{self, BlockKind};
+use crate::parity;
 
 /// Page size parity mismatches are counted in (md stripe cache unit).
 const PARITY_PAGE_SECTORS: u64 = 8;
@@ -90,16 +91,8 @@ impl<M: Member + ?Sized> Array<M> {
         let layout = pg.stripe(stripe);
         let chunk = u64::from(pg.chunk_sectors());
         let member_sector = pg.stripe_member_sector(stripe);
-        let mut roles = layout.data_roles.clone();
-        roles.push(layout.p_role);
-        roles.extend(layout.q_role);
-        let mut kinds: Vec<BlockKind> = (0..layout.data_roles.len())
-            .map(|k| BlockKind::Data { exponent: layout.q_exponents.get(k).copied().unwrap_or(0) })
-            .collect();
-        kinds.push(BlockKind::P);
-        if layout.q_role.is_some() {
-            kinds.push(BlockKind::Q);
-        }
+        let kinds = block_kinds(&layout, pg.parity_disks());
+        let roles: Vec<usize> = (0..kinds.len()).map(|b| block_role(&layout, b)).collect();
         let blocks = self.read_all(&roles, member_sector, chunk).await?;
         let page = (PARITY_PAGE_SECTORS * SECTOR_BYTES) as usize;
         let mut counts = ScrubCounts { scrubbed_bytes: pg.stripe_data_sectors() * SECTOR_BYTES, ..Default::default() };

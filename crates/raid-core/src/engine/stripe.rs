@@ -32,7 +32,7 @@ pub(crate) enum WriteSource<'a> {
 /// Stripes zeroed per batch by trim/write-zeroes (bounds locks held and memory).
 const ZERO_BATCH_STRIPES: u64 = 4096;
 
-fn block_role(layout: &StripeLayout, block: usize) -> usize {
+pub(super) fn block_role(layout: &StripeLayout, block: usize) -> usize {
     let dd = layout.data_roles.len();
     match block.checked_sub(dd) {
         None => layout.data_roles[block],
@@ -41,7 +41,7 @@ fn block_role(layout: &StripeLayout, block: usize) -> usize {
     }
 }
 
-fn block_kinds(layout: &StripeLayout, parity_disks: usize) -> Vec<BlockKind> {
+pub(super) fn block_kinds(layout: &StripeLayout, parity_disks: usize) -> Vec<BlockKind> {
     let dd = layout.data_roles.len();
     let mut kinds: Vec<BlockKind> =
         (0..dd).map(|k| BlockKind::Data { exponent: layout.q_exponents.get(k).copied().unwrap_or(0) }).collect();
@@ -191,7 +191,7 @@ impl<M: Member + ?Sized> Array<M> {
             }
             let len = (sectors * SECTOR_BYTES) as usize;
             for &b in &missing {
-                blocks[b] = Some(AlignedBuf::zeroed(len));
+                blocks[b] = Some(AlignedBuf::for_overwrite(len)); // reconstruct ignores their contents
             }
             let kinds = block_kinds(&layout, np);
             let mut slices: Vec<&mut [u8]> =
@@ -211,6 +211,8 @@ impl<M: Member + ?Sized> Array<M> {
     ) -> Result<()> {
         let pg = self.parity_geometry();
         let writes = stripe_writes(start_sector, sectors, pg.chunk_sectors(), pg.data_disks());
+        // Collected: an iterator borrowing `writes` held across the await would make this
+        // future not Send (closure lifetimes).
         let stripes: Vec<u64> = writes.iter().map(|w| w.stripe).collect();
         let _guards = self.locks.lock_all(stripes).await;
         self.write_stripes_locked(&writes, src, fua).await
@@ -290,16 +292,13 @@ impl<M: Member + ?Sized> Array<M> {
                 let written = |k: usize| seg.written & (1 << k) != 0;
                 let unreadable_data = (0..dd).filter(|&k| !readable(k)).fold(0u64, |m, k| m | 1 << k);
                 let readable_parity: Vec<usize> = (dd..dd + np).filter(|&b| readable(b)).collect();
-                let mut mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len());
-                // A parity block being rebuilt (writable, not yet readable here) may already be
-                // rebuilt, so it must get the new parity, which read-modify-write cannot give it.
-                let parity_recovering =
-                    (dd..dd + np).any(|b| !readable(b) && self.slots[block_role(layout, b)].is_writable());
-                let parity_stale = !readable_parity.is_empty() && !self.stripe_synced(w.stripe);
-                if mode == Mode::ReadModifyWrite && (parity_recovering || parity_stale) {
-                    // Stale: parity not resynced since an unclean stop; rebuild it from the data (as md).
-                    mode = Mode::ReconstructWrite;
-                }
+                // Parity on a writable member must be recomputed from all data when it was not
+                // resynced since an unclean stop (as md), or when it is being rebuilt here: that
+                // stripe may already be rebuilt, and must get the new parity.
+                let writable = |b: usize| self.slots[block_role(layout, b)].is_writable();
+                let recompute_parity = (dd..dd + np).any(writable)
+                    && ((dd..dd + np).any(|b| writable(b) && !readable(b)) || !self.stripe_synced(w.stripe));
+                let mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len(), recompute_parity);
                 let reads: Vec<usize> = match mode {
                     Mode::Full => Vec::new(),
                     Mode::ReadModifyWrite if readable_parity.is_empty() => Vec::new(),
@@ -365,16 +364,18 @@ impl<M: Member + ?Sized> Array<M> {
             for k in (0..dd).filter(|&k| written(k)) {
                 let new = new_data(k);
                 if !parity_read.is_empty() {
-                    let mut delta = job.blocks[k].take().expect("old data was read");
-                    parity::xor_into(delta.as_mut_slice(), new.as_slice());
-                    for &b in &parity_read {
-                        let p = job.blocks[b].as_mut().expect("parity was read").as_mut_slice();
-                        match kinds[b] {
-                            BlockKind::Q => {
-                                let BlockKind::Data { exponent } = kinds[k] else { unreachable!("data kind") };
-                                parity::mul_exp_xor_into(p, delta.as_slice(), exponent);
-                            }
-                            _ => parity::xor_into(p, delta.as_slice()),
+                    let old = job.blocks[k].take().expect("old data was read");
+                    let BlockKind::Data { exponent } = kinds[k] else { unreachable!("data kind") };
+                    let (data_and_p, q) = job.blocks.split_at_mut(dd + 1);
+                    let q = q.first_mut().and_then(Option::as_mut).map(AlignedBuf::as_mut_slice);
+                    match data_and_p[dd].as_mut() {
+                        // One pass over old, new, P and Q; no delta buffer.
+                        Some(p) => parity::update_parity(p.as_mut_slice(), q, old.as_slice(), new.as_slice(), exponent),
+                        None => {
+                            // Only Q was read (P is lost).
+                            let mut delta = old;
+                            parity::xor_into(delta.as_mut_slice(), new.as_slice());
+                            parity::mul_exp_xor_into(q.expect("Q was read"), delta.as_slice(), exponent);
                         }
                     }
                 }
@@ -388,7 +389,7 @@ impl<M: Member + ?Sized> Array<M> {
         if job.mode == Mode::Degraded {
             let missing: Vec<usize> = (0..dd + np).filter(|&b| job.blocks[b].is_none()).collect();
             for &b in &missing {
-                job.blocks[b] = Some(AlignedBuf::zeroed(len));
+                job.blocks[b] = Some(AlignedBuf::for_overwrite(len)); // reconstruct ignores their contents
             }
             let mut slices: Vec<&mut [u8]> =
                 job.blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
@@ -398,7 +399,7 @@ impl<M: Member + ?Sized> Array<M> {
             job.blocks[k] = Some(new_data(k));
         }
         for b in dd..dd + np {
-            job.blocks[b] = Some(AlignedBuf::zeroed(len));
+            job.blocks[b] = Some(AlignedBuf::for_overwrite(len)); // compute_parity stores P and Q
         }
         {
             let mut slices: Vec<&mut [u8]> =
@@ -457,27 +458,28 @@ impl<M: Member + ?Sized> Array<M> {
 
 /// Merges writes that are contiguous on one member into one buffer each.
 fn concat_runs(mut writes: Vec<(usize, u64, AlignedBuf)>) -> Vec<(usize, u64, AlignedBuf)> {
+    /// (role, first sector, bytes so far, buffers)
+    type Run = (usize, u64, usize, Vec<AlignedBuf>);
     writes.sort_unstable_by_key(|w| (w.0, w.1));
-    let mut out: Vec<(usize, u64, Vec<AlignedBuf>)> = Vec::new();
+    let mut out: Vec<Run> = Vec::new();
     for (role, sector, buf) in writes {
-        if let Some(last) = out.last_mut() {
-            let end = last.1 + last.2.iter().map(|b| b.len() as u64 / SECTOR_BYTES).sum::<u64>();
-            let len: usize = last.2.iter().map(AlignedBuf::len).sum();
-            if last.0 == role && end == sector && len + buf.len() <= MAX_IO_BYTES {
-                last.2.push(buf);
+        if let Some((last_role, last_sector, len, bufs)) = out.last_mut() {
+            let end = *last_sector + *len as u64 / SECTOR_BYTES;
+            if *last_role == role && end == sector && *len + buf.len() <= MAX_IO_BYTES {
+                *len += buf.len();
+                bufs.push(buf);
                 continue;
             }
-            debug_assert!(last.0 != role || end <= sector, "overlapping member writes");
+            debug_assert!(*last_role != role || end <= sector, "overlapping member writes");
         }
-        out.push((role, sector, vec![buf]));
+        out.push((role, sector, buf.len(), vec![buf]));
     }
     out.into_iter()
-        .map(|(role, sector, mut bufs)| {
+        .map(|(role, sector, len, mut bufs)| {
             if bufs.len() == 1 {
                 return (role, sector, bufs.pop().expect("one buffer"));
             }
-            let total = bufs.iter().map(AlignedBuf::len).sum();
-            let mut joined = AlignedBuf::for_overwrite(total);
+            let mut joined = AlignedBuf::for_overwrite(len);
             let mut at = 0;
             for b in &bufs {
                 joined.as_mut_slice()[at..at + b.len()].copy_from_slice(b.as_slice());

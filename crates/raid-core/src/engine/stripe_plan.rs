@@ -92,8 +92,16 @@ pub(crate) enum Mode {
 /// Chooses the mode with the fewest block reads (ties go to reconstruct-write, as md).
 ///
 /// `unreadable_data` has bit k set for data blocks that cannot be read in these rows;
-/// `readable_parity` counts the P/Q blocks that can.
-pub(crate) fn choose_mode(data_disks: usize, written: u64, unreadable_data: u64, readable_parity: usize) -> Mode {
+/// `readable_parity` counts the P/Q blocks that can. `recompute_parity`: the parity on the
+/// members cannot be updated by difference (not resynced since an unclean stop, or a parity
+/// block is being rebuilt: writable, not yet readable), so read-modify-write is excluded.
+pub(crate) fn choose_mode(
+    data_disks: usize,
+    written: u64,
+    unreadable_data: u64,
+    readable_parity: usize,
+    recompute_parity: bool,
+) -> Mode {
     let all = if data_disks == 64 { u64::MAX } else { (1u64 << data_disks) - 1 };
     debug_assert_eq!(written & !all, 0);
     if written == all {
@@ -103,7 +111,7 @@ pub(crate) fn choose_mode(data_disks: usize, written: u64, unreadable_data: u64,
         return Mode::Degraded;
     }
     let rcw_reads = data_disks - written.count_ones() as usize;
-    if unreadable_data == 0 {
+    if unreadable_data == 0 && !recompute_parity {
         let rmw_reads = if readable_parity == 0 { 0 } else { written.count_ones() as usize + readable_parity };
         if rmw_reads < rcw_reads {
             return Mode::ReadModifyWrite;
@@ -147,17 +155,21 @@ mod tests {
     #[test]
     fn mode_choice() {
         // 4 data disks, one written, healthy raid5: rmw reads 2, rcw reads 3.
-        assert_eq!(choose_mode(4, 0b0001, 0, 1), Mode::ReadModifyWrite);
+        assert_eq!(choose_mode(4, 0b0001, 0, 1, false), Mode::ReadModifyWrite);
         // three written: rmw 4, rcw 1.
-        assert_eq!(choose_mode(4, 0b0111, 0, 1), Mode::ReconstructWrite);
+        assert_eq!(choose_mode(4, 0b0111, 0, 1, false), Mode::ReconstructWrite);
         // tie (2 data disks... 3 data, 1 written raid6: rmw 3, rcw 2).
-        assert_eq!(choose_mode(3, 0b001, 0, 2), Mode::ReconstructWrite);
-        assert_eq!(choose_mode(4, 0b1111, 0b0001, 0), Mode::Full);
+        assert_eq!(choose_mode(3, 0b001, 0, 2, false), Mode::ReconstructWrite);
+        assert_eq!(choose_mode(4, 0b1111, 0b0001, 0, false), Mode::Full);
         // unreadable block is being overwritten: rcw works.
-        assert_eq!(choose_mode(4, 0b0011, 0b0001, 1), Mode::ReconstructWrite);
+        assert_eq!(choose_mode(4, 0b0011, 0b0001, 1, false), Mode::ReconstructWrite);
         // unreadable block not overwritten: degraded.
-        assert_eq!(choose_mode(4, 0b0011, 0b0100, 1), Mode::Degraded);
+        assert_eq!(choose_mode(4, 0b0011, 0b0100, 1, false), Mode::Degraded);
         // parity gone: just write the data.
-        assert_eq!(choose_mode(4, 0b0001, 0, 0), Mode::ReadModifyWrite);
+        assert_eq!(choose_mode(4, 0b0001, 0, 0, false), Mode::ReadModifyWrite);
+        // parity stale or being rebuilt: compute it from all the data.
+        assert_eq!(choose_mode(4, 0b0001, 0, 1, true), Mode::ReconstructWrite);
+        assert_eq!(choose_mode(4, 0b0001, 0, 0, true), Mode::ReconstructWrite);
+        assert_eq!(choose_mode(4, 0b0001, 0b0100, 0, true), Mode::Degraded);
     }
 }

@@ -49,7 +49,7 @@ mod writeback;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::SECTOR_BYTES;
-use crate::engine::{Array, MAX_IO_BYTES, ReadData};
+use crate::engine::{Array, ReadData};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
 pub use budget::CHUNK_OVERHEAD_BYTES;
@@ -147,7 +147,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
     /// Reads `len_bytes` at `offset_bytes`: the array's bytes with every dirty cached byte
     /// laid over them (no array read when the cache holds the whole range).
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<ReadData> {
-        self.check_request(offset_bytes, len_bytes as u64, true)?;
+        self.array.check_io(offset_bytes, len_bytes as u64, true)?;
         let end = offset_bytes + len_bytes as u64;
         let cached: Vec<(u64, Extent)> = {
             let st = self.state();
@@ -165,7 +165,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
     /// written through and durable on return) or larger than the whole cache (written
     /// around). Waits (writing back old data itself) when the cache is full.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.check_request(offset_bytes, data.len() as u64, true)?;
+        self.array.check_io(offset_bytes, data.len() as u64, true)?;
         if data.is_empty() {
             return Ok(());
         }
@@ -202,7 +202,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
     /// Discards a range (a hint, as [`Array::trim`]). Cached data in the range is written
     /// back first, so the result is exactly what the array alone would give.
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        self.check_request(offset_bytes, len_bytes, false)?;
+        self.array.check_io(offset_bytes, len_bytes, false)?;
         if len_bytes == 0 {
             return self.array.trim(offset_bytes, 0, fua).await;
         }
@@ -214,7 +214,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
 
     /// Zeroes a range (as [`Array::write_zeroes`]); cached data in it is superseded.
     pub async fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> Result<()> {
-        self.check_request(offset_bytes, len_bytes, false)?;
+        self.array.check_io(offset_bytes, len_bytes, false)?;
         if len_bytes == 0 {
             return self.array.write_zeroes(offset_bytes, 0, may_deallocate, fua).await;
         }
@@ -270,26 +270,6 @@ impl<M: Member + ?Sized> WriteCache<M> {
             };
             listener.await;
         }
-    }
-
-    /// The same checks (and errors) as the array's.
-    fn check_request(&self, offset_bytes: u64, len_bytes: u64, limit: bool) -> Result<()> {
-        if !offset_bytes.is_multiple_of(SECTOR_BYTES) || !len_bytes.is_multiple_of(SECTOR_BYTES) {
-            return Err(RaidError::new(
-                ErrorKind::OutOfRange,
-                format!("request {offset_bytes}+{len_bytes} is not 512-byte aligned"),
-            ));
-        }
-        if offset_bytes.checked_add(len_bytes).is_none_or(|e| e > self.array.size_bytes()) {
-            return Err(RaidError::new(
-                ErrorKind::OutOfRange,
-                format!("request {offset_bytes}+{len_bytes} beyond array end {}", self.array.size_bytes()),
-            ));
-        }
-        if limit && len_bytes > MAX_IO_BYTES as u64 {
-            return Err(RaidError::new(ErrorKind::Refused, format!("request of {len_bytes} bytes exceeds 32 MiB")));
-        }
-        Ok(())
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

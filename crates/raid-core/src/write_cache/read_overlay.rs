@@ -9,7 +9,7 @@ use crate::engine::{ReadData, Segment};
 
 /// The read of `[offset, offset + len)` when `pieces` (clipped, in order) cover all of it.
 pub(super) fn from_cache(offset_bytes: u64, len_bytes: usize, pieces: &[(u64, Extent)]) -> ReadData {
-    let mut buf = AlignedBuf::zeroed(len_bytes);
+    let mut buf = AlignedBuf::for_overwrite(len_bytes); // the pieces cover it (asserted below)
     let mut covered = 0;
     for (at, piece) in pieces {
         let from = (at - offset_bytes) as usize;

@@ -146,13 +146,12 @@ impl<M: Member + ?Sized> WriteCache<M> {
                 let listener = matches!(pick, Pick::Busy).then(|| self.budget.changed.listen());
                 (pick, listener)
             };
-            match (pick, listener) {
-                (Pick::Runs(runs), _) => {
+            match pick {
+                Pick::Runs(runs) => {
                     self.write_runs(runs).await?;
                 }
-                (Pick::Busy, Some(listener)) => listener.await,
-                (Pick::Busy, None) => unreachable!("listening while busy"),
-                (Pick::Clean, _) => return Ok(()),
+                Pick::Busy => listener.expect("listening while busy").await,
+                Pick::Clean => return Ok(()),
             }
         }
     }
@@ -167,10 +166,8 @@ impl<M: Member + ?Sized> WriteCache<M> {
         let mut runs: Vec<Run<'_, M>> = Vec::new();
         for (offset, piece) in pieces {
             match runs.last_mut() {
-                Some(run)
-                    if run.start + run.len_bytes() == offset
-                        && run.len_bytes() + piece.len_bytes <= MAX_IO_BYTES as u64 =>
-                {
+                // Runs built here have no gaps: their end is where the next piece must start.
+                Some(run) if run.end() == offset && offset + piece.len_bytes - run.start <= MAX_IO_BYTES as u64 => {
                     run.pieces.push((offset, piece));
                 }
                 _ => runs.push(Run { start: offset, pieces: vec![(offset, piece)], fill_end: None, _guard: None }),
