@@ -39,6 +39,9 @@ struct Args {
     /// Tokio worker threads (default: number of CPUs).
     #[arg(long)]
     threads: Option<usize>,
+    /// Read large requests with `pread` even from tmpfs (default there: `sendfile`).
+    #[arg(long)]
+    no_send_file: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,7 +60,12 @@ fn main() -> anyhow::Result<()> {
 async fn run(args: Args) -> anyhow::Result<()> {
     let device: Arc<dyn BlockDevice> = match (&args.file, args.memory) {
         (Some(path), None) => {
-            Arc::new(FileDevice::open(path, args.read_only).with_context(|| format!("opening {}", path.display()))?)
+            let mut file =
+                FileDevice::open(path, args.read_only).with_context(|| format!("opening {}", path.display()))?;
+            if args.no_send_file {
+                file.set_send_file_reads(false);
+            }
+            Arc::new(file)
         }
         (None, Some(size)) => Arc::new(MemoryDevice::new(size).read_only(args.read_only)),
         _ => bail!("give exactly one of --file or --memory"),

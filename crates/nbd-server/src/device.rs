@@ -10,8 +10,10 @@
 //! write that *completed* before it was called durable, no matter which connection
 //! issued it; `write(.., fua = true)` completes only once its data is durable.
 
+use std::fs::File;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -89,6 +91,9 @@ pub enum ReadChunk {
     Data(Bytes),
     /// `n` bytes that read as zero (may be sent as an NBD hole).
     Zero(u32),
+    /// Bytes of a file, sent by the kernel from the page cache to the socket (`sendfile`)
+    /// when the reply is written, without a copy through the server.
+    File(FileRange),
 }
 
 impl ReadChunk {
@@ -96,6 +101,7 @@ impl ReadChunk {
         match self {
             ReadChunk::Data(b) => b.len(),
             ReadChunk::Zero(n) => *n as usize,
+            ReadChunk::File(range) => range.len as usize,
         }
     }
 
@@ -103,6 +109,29 @@ impl ReadChunk {
         self.len() == 0
     }
 }
+
+/// `len` bytes of `file` from `offset`, for [`ReadChunk::File`].
+///
+/// Contract: the bytes are read when the reply is written, so a device returns this only
+/// for a file whose pages are in memory (tmpfs, ramfs: sending never waits for a disk) and
+/// that covers the range for as long as the device lives. A write to the range that races
+/// the reply may be seen by it, as the protocol allows for requests in flight together.
+/// If the file turns out shorter, the connection is closed (the reply header is already
+/// on the wire), never padded.
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    pub file: Arc<File>,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl PartialEq for FileRange {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.file, &other.file) && self.offset == other.offset && self.len == other.len
+    }
+}
+
+impl Eq for FileRange {}
 
 /// One `base:allocation` extent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

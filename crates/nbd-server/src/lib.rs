@@ -26,7 +26,8 @@
 //!   request decoding/validation, reply encoding.
 //! - `handshake`: option haggling up to transmission; `transmission`: the pipelined
 //!   request/reply engine of one connection (a reader that answers ready requests itself,
-//!   tasks for the rest, batched vectored writes); `listener`: [`Server`], accept loop,
+//!   tasks for the rest, batched vectored writes); `send_file`: [`ReplySink`], the write
+//!   half that sends file ranges with `sendfile`; `listener`: [`Server`], accept loop,
 //!   limits and shutdown.
 //! - [`buffer_pool`]: recycled large I/O buffers (no page faults on every 1 MiB read).
 //! - `config`: [`Export`], [`ServerConfig`]; `advertise`: flags and block sizes derived
@@ -51,15 +52,18 @@ pub mod fuzzing;
 mod handshake;
 mod listener;
 mod read_buffer;
+mod send_file;
 mod transmission;
 
 pub use advertise::{Advertised, advertise};
 pub use config::{Export, ServerConfig};
 pub use device::{
-    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, ReadChunk, ZeroFlags,
+    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,
+    ZeroFlags,
 };
 pub use error::{Error, Result, device_errno};
 pub use file_device::FileDevice;
 pub use listener::{GenericStream, NbdListener, NbdStream, Server};
 pub use memory_device::MemoryDevice;
+pub use send_file::ReplySink;
 pub use tokio_util::sync::CancellationToken;

@@ -247,6 +247,7 @@ mod tests {
             match c {
                 ReadChunk::Data(d) => out.extend_from_slice(d),
                 ReadChunk::Zero(n) => out.resize(out.len() + *n as usize, 0),
+                ReadChunk::File(_) => unreachable!("a memory device returns no file ranges"),
             }
         }
         out

@@ -17,7 +17,8 @@
 //! which batches whatever is ready; a large reply (128 KiB and up) is written by its own
 //! task instead when the socket is free at that moment (one cross-thread hand-off less).
 //! All of them write whole batches under the same mutex, so replies never interleave on
-//! the wire; their order is completion order.
+//! the wire; their order is completion order. READ data that the device returned as a file
+//! range goes out with `sendfile` in the middle of a batch (`send_file.rs`).
 //!
 //! Bounds: a request first takes a per-connection slot (at most
 //! `max_requests_per_connection` in flight; when none is free the socket is not read, so
@@ -36,14 +37,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span};
 
 use crate::advertise::Advertised;
 use crate::buffer_pool;
-use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, ReadChunk};
+use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, FileRange, ReadChunk};
 use crate::error::{Error, Result};
 use crate::protocol::read_reply::{ReadFraming, push_device_error, read_reply};
 use crate::protocol::reply::{Reply, Segment, encode_extents};
@@ -52,6 +53,7 @@ use crate::protocol::request::{
     validate_request,
 };
 use crate::read_buffer::{discard, fill};
+use crate::send_file::{ReplySink, write_all_vectored};
 
 /// Requests up to this length may be executed inline by the reader.
 const INLINE_MAX_BYTES: u32 = 128 * 1024;
@@ -106,7 +108,7 @@ impl LocalReplies {
     }
 
     /// Writes the collected replies (whole, under the writer lock) and releases their permits.
-    async fn flush<W: AsyncWrite + Unpin>(&mut self, shared: &SharedWriter<W>) -> Result<()> {
+    async fn flush<W: ReplySink>(&mut self, shared: &SharedWriter<W>) -> Result<()> {
         if self.replies.is_empty() {
             return Ok(());
         }
@@ -123,7 +125,7 @@ impl LocalReplies {
 pub(crate) async fn run<R, W>(reader: R, writer: W, read_buf: BytesMut, t: Transmission) -> Result<()>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: ReplySink,
 {
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let abort = CancellationToken::new();
@@ -179,7 +181,7 @@ async fn read_loop<R, W>(
 ) -> Result<()>
 where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: ReplySink,
 {
     let t = r.gate.t;
     let limits = ExportLimits {
@@ -295,7 +297,7 @@ struct Incoming {
     bytes: Option<OwnedSemaphorePermit>,
 }
 
-impl<W: AsyncWrite + Unpin + Send> Gate<'_, W> {
+impl<W: ReplySink> Gate<'_, W> {
     /// Waits for `wait` unless shutdown or abort comes first (then `None`). Only waits that
     /// are safe to abandon go through here; writes never do.
     async fn interruptible<T>(&self, wait: impl Future<Output = T>) -> Option<T> {
@@ -326,7 +328,7 @@ impl<W: AsyncWrite + Unpin + Send> Gate<'_, W> {
     }
 }
 
-impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send> Reader<'_, R, W> {
+impl<R: AsyncRead + Unpin, W: ReplySink> Reader<'_, R, W> {
     /// Reads the next request. `Ok(None)` on a clean close between requests, shutdown or abort.
     /// Before any wait (socket data, permits), replies collected in `local` are written.
     async fn next_request(&mut self, limits: &ExportLimits, local: &mut LocalReplies) -> Result<Option<Incoming>> {
@@ -533,15 +535,16 @@ const COPY_THRESHOLD_BYTES: usize = 512;
 /// Zero runs are written from this static page.
 static ZERO_PAGE: [u8; 256 * 1024] = [0; 256 * 1024];
 
-/// One piece of a batch: a range of the scratch buffer, a data buffer, or zeroes.
+/// One piece of a batch: a range of the scratch buffer, a data buffer, zeroes or a file range.
 enum Piece<'a> {
     Scratch(usize, usize),
     Data(&'a [u8]),
     Zeroes(usize),
+    File(&'a FileRange),
 }
 
 /// Writes replies of spawned requests as they complete, batching whatever is ready.
-async fn write_loop<W: AsyncWrite + Unpin>(
+async fn write_loop<W: ReplySink>(
     shared: SharedWriter<W>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     abort: CancellationToken,
@@ -590,7 +593,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 /// Writes all replies of `batch` with as few syscalls as the socket allows.
-async fn write_batch<W: AsyncWrite + Unpin>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
+async fn write_batch<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
     scratch.clear();
     let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(batch.len() * 2);
     for outgoing in batch {
@@ -611,6 +614,7 @@ async fn write_batch<W: AsyncWrite + Unpin>(writer: &mut W, batch: &[Outgoing], 
                 match segment {
                     Segment::Data(data) => pieces.push(Piece::Data(data)),
                     Segment::Zeroes(n) => pieces.push(Piece::Zeroes(*n)),
+                    Segment::File(range) => pieces.push(Piece::File(range)),
                     Segment::Inline(_) => unreachable!("inline segments are copied"),
                 }
             }
@@ -628,18 +632,13 @@ async fn write_batch<W: AsyncWrite + Unpin>(writer: &mut W, batch: &[Outgoing], 
                     n -= step;
                 }
             }
+            // What is queued goes out first, in the same call.
+            Piece::File(range) => {
+                writer.write_then_send_file(&mut slices, range).await?;
+                slices.clear();
+            }
         }
     }
-    let mut remaining = &mut slices[..];
-    let mut written = 0usize;
-    while !remaining.is_empty() {
-        let n = writer.write_vectored(remaining).await?;
-        if n == 0 {
-            return Err(Error::Io(std::io::ErrorKind::WriteZero.into()));
-        }
-        written += n;
-        IoSlice::advance_slices(&mut remaining, n);
-    }
-    debug_assert_eq!(written, batch.iter().map(|o| o.reply.wire_len()).sum::<usize>());
+    write_all_vectored(writer, &mut slices).await?;
     Ok(())
 }

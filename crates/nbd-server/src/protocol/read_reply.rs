@@ -80,6 +80,7 @@ fn push_chunk_data(reply: &mut Reply, chunks: Vec<ReadChunk>) {
         match chunk {
             ReadChunk::Data(data) => reply.push_data(data),
             ReadChunk::Zero(n) => reply.push_zeroes(n as usize),
+            ReadChunk::File(range) => reply.segments.push(Segment::File(range)),
         }
     }
 }
@@ -106,6 +107,7 @@ fn push_structured_read(reply: &mut Reply, cookie: u64, offset: u64, chunks: Vec
         run.push(match chunk {
             ReadChunk::Data(data) => Segment::Data(data),
             ReadChunk::Zero(n) => Segment::Zeroes(n as usize),
+            ReadChunk::File(range) => Segment::File(range),
         });
         let run_ends = chunks.peek().is_none_or(is_hole);
         if run_ends {

@@ -8,7 +8,11 @@
 //! The decoders at the bottom ([`decode_simple_reply`], [`decode_chunk_header`]) are pure
 //! and used by the raw-socket tests and the fuzz round-trip.
 
+use std::os::unix::fs::FileExt;
+
 use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::device::FileRange;
 
 use super::consts::{BASE_ALLOCATION_ID, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, reply_flags, reply_type};
 
@@ -52,6 +56,8 @@ pub enum Segment {
     Data(Bytes),
     /// This many zero bytes.
     Zeroes(usize),
+    /// Bytes of a file, sent with `sendfile` (see `crate::send_file`).
+    File(FileRange),
 }
 
 impl Segment {
@@ -60,6 +66,7 @@ impl Segment {
             Segment::Inline(i) => i.len as usize,
             Segment::Data(b) => b.len(),
             Segment::Zeroes(n) => *n,
+            Segment::File(range) => range.len as usize,
         }
     }
 
@@ -100,7 +107,8 @@ impl Reply {
         }
     }
 
-    /// Flattens the segments (tests and debugging; the writer never does this).
+    /// Flattens the segments (tests and debugging; the writer never does this). Panics if a
+    /// file segment cannot be read.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.wire_len());
         for segment in &self.segments {
@@ -108,6 +116,11 @@ impl Reply {
                 Segment::Inline(i) => out.extend_from_slice(i.as_slice()),
                 Segment::Data(b) => out.extend_from_slice(b),
                 Segment::Zeroes(n) => out.resize(out.len() + n, 0),
+                Segment::File(range) => {
+                    let start = out.len();
+                    out.resize(start + range.len as usize, 0);
+                    range.file.read_exact_at(&mut out[start..], range.offset).expect("file segment readable");
+                }
             }
         }
         out

@@ -797,3 +797,58 @@ async fn extended_headers_refused_then_qemu_10_style_fallback() {
     assert_eq!((chunks[0].0.chunk_type, chunks[0].0.cookie), (reply_type::BLOCK_STATUS, 77));
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_ranges_are_sent_whole_or_the_connection_closes() {
+    const MIB: usize = 1 << 20;
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").expect("a file on /dev/shm (tmpfs)");
+    let data = pattern(11, 4 * MIB);
+    std::fs::write(shm.path(), &data).unwrap();
+    let device = nbd_server::FileDevice::open(shm.path(), false).unwrap();
+    assert!(device.send_file_reads(), "tmpfs reads over 128 KiB go out with sendfile");
+    let server = ServerHandle::start(vec![Export::new("shm", Arc::new(device))], ServerConfig::default()).await;
+
+    // Pipelined large (sendfile) and small (pread) reads, both framings: every reply whole.
+    for structured in [false, true] {
+        let mut c = Raw::connect(&server).await;
+        c.go("shm", structured, None).await;
+        let reads: Vec<(u64, u32)> =
+            (0..12u64).map(|i| if i % 3 == 2 { (i * 4096 + 512, 4096) } else { (i * 99_999, MIB as u32) }).collect();
+        for (i, &(offset, len)) in reads.iter().enumerate() {
+            c.request(0, cmd::READ, i as u64, offset, len, &[]).await;
+        }
+        let mut seen = HashMap::new();
+        for _ in &reads {
+            let (cookie, got) = if structured {
+                let chunks = c.chunks().await;
+                assert_eq!(chunks.len(), 1, "one OFFSET_DATA chunk with DONE");
+                assert_eq!(chunks[0].0.chunk_type, reply_type::OFFSET_DATA);
+                (chunks[0].0.cookie, chunks[0].1[8..].to_vec())
+            } else {
+                let h = decode_simple_reply(&c.read_exact(16).await).unwrap();
+                assert_eq!(h.error, 0);
+                (h.cookie, c.read_exact(reads[h.cookie as usize].1 as usize).await)
+            };
+            let (offset, len) = reads[cookie as usize];
+            assert!(got == data[offset as usize..offset as usize + len as usize], "cookie {cookie}: wrong bytes");
+            assert!(seen.insert(cookie, ()).is_none(), "cookie {cookie} answered twice");
+        }
+    }
+
+    // The file shrinks under the server: the promised bytes cannot be sent, so the
+    // connection ends short of them; no padding, no panic, other connections unaffected.
+    std::fs::OpenOptions::new().write(true).open(shm.path()).unwrap().set_len(MIB as u64 + MIB as u64 / 2).unwrap();
+    let mut c = Raw::connect(&server).await;
+    c.go("shm", false, None).await;
+    c.request(0, cmd::READ, 1, MIB as u64, MIB as u32, &[]).await;
+    let mut received = Vec::new();
+    tokio::time::timeout(TIMEOUT, c.stream.read_to_end(&mut received)).await.expect("closed in time").ok();
+    assert!(received.len() < 16 + MIB, "a short file must not yield a whole reply ({} bytes)", received.len());
+    if received.len() > 16 {
+        assert!(received[16..] == data[MIB..MIB + received.len() - 16], "what was sent is the file's bytes");
+    }
+    let mut c = Raw::connect(&server).await;
+    c.go("shm", false, None).await;
+    assert!(c.read_ok(0, 4096).await == data[..4096]);
+    server.stop().await.unwrap();
+}

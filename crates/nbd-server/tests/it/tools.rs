@@ -245,6 +245,7 @@ fn nbdfuse_loop_device_mkfs_ext4_and_fsck() {
         .flat_map(|c| match c {
             nbd_server::ReadChunk::Data(d) => d.to_vec(),
             nbd_server::ReadChunk::Zero(n) => vec![0; *n as usize],
+            nbd_server::ReadChunk::File(_) => unreachable!("a memory device returns no file ranges"),
         })
         .collect();
     assert_eq!(&bytes[56..58], &[0x53, 0xef], "ext4 superblock magic");

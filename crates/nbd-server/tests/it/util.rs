@@ -27,7 +27,8 @@ pub struct StandardDevices {
 /// Exports used by the Python scripts (sizes mirror `EXPORT_SIZES` in nbdtest.py):
 /// `mem` 64 MiB (first, so the default export), `ro` 1 MiB read-only with pattern 9,
 /// `bad` 1 MiB with injected errors, `aligned` 1 MiB with 4 KiB minimum block, a stripe
-/// of 3 x 64 KiB as preferred block and a 64 KiB device payload limit, `file` 16 MiB file.
+/// of 3 x 64 KiB as preferred block and a 64 KiB device payload limit, `file` 16 MiB file
+/// (reads over 128 KiB sent with `sendfile`).
 pub async fn standard_exports(dir: &Path) -> (Vec<Export>, StandardDevices) {
     let mem = Arc::new(MemoryDevice::new(64 << 20));
     let ro = Arc::new(MemoryDevice::new(1 << 20).read_only(true));
@@ -40,7 +41,10 @@ pub async fn standard_exports(dir: &Path) -> (Vec<Export>, StandardDevices) {
     let aligned = Arc::new(MemoryDevice::new(1 << 20).block_sizes(4096, 3 * 65536, 65536));
     let file_path = dir.join("file.img");
     std::fs::File::create(&file_path).and_then(|f| f.set_len(16 << 20)).expect("create file.img");
-    let file = Arc::new(FileDevice::open(&file_path, false).expect("open file.img"));
+    let mut file = FileDevice::open(&file_path, false).expect("open file.img");
+    // Large reads go out with sendfile whatever filesystem the temporary directory is on.
+    file.set_send_file_reads(true);
+    let file = Arc::new(file);
     let exports = vec![
         Export::new("mem", mem.clone()).with_description("the main test disk"),
         Export::new("ro", ro),
