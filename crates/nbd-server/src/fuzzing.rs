@@ -8,10 +8,13 @@
 //! - [`requests`]: request header decoding, payload accounting and validation under
 //!   input-chosen export limits; accepted requests must be in range, aligned and sized.
 //! - [`read_replies`]: READ framing (simple, structured, DF) of input-chosen device
-//!   chunks; the encoded reply must decode back to exactly the same bytes.
+//!   chunks (data, zeroes, file ranges); the encoded reply must decode back to exactly the
+//!   same bytes.
 //! - [`extents`]: block status encoding invariants.
 
+use std::fs::File;
 use std::future::Future;
+use std::os::unix::fs::FileExt;
 use std::pin::{Pin, pin};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
@@ -21,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Export;
-use crate::device::{Extent, ReadChunk};
+use crate::device::{Extent, FileRange, ReadChunk};
 use crate::handshake::negotiate;
 use crate::memory_device::MemoryDevice;
 use crate::protocol::consts::{MAX_PAYLOAD_BYTES, NBDMAGIC, OPTION_REPLY_MAGIC, cmd, reply_flags, reply_type};
@@ -166,18 +169,27 @@ pub fn read_replies(input: &[u8]) {
         1 => ReadFraming::Structured,
         _ => ReadFraming::Unfragmented,
     };
-    // Chunks: a tag byte (even = data, odd = zeroes) and a 2-byte length scaled up.
+    // Chunks: a tag byte (by tag % 3: data, zeroes, a range of a file) and a 2-byte length.
     let mut chunks = Vec::new();
     let mut expected = Vec::new();
     for spec in rest.chunks_exact(3) {
         let n = usize::from(u16::from_le_bytes([spec[1], spec[2]]));
-        if spec[0] % 2 == 0 {
-            let data: Vec<u8> = (0..n).map(|i| ((i as u8) ^ spec[0]) | 1).collect();
-            expected.extend_from_slice(&data);
-            chunks.push(ReadChunk::Data(Bytes::from(data)));
-        } else {
-            expected.resize(expected.len() + n, 0);
-            chunks.push(ReadChunk::Zero(n as u32));
+        match spec[0] % 3 {
+            0 => {
+                let data: Vec<u8> = (0..n).map(|i| ((i as u8) ^ spec[0]) | 1).collect();
+                expected.extend_from_slice(&data);
+                chunks.push(ReadChunk::Data(Bytes::from(data)));
+            }
+            1 => {
+                expected.resize(expected.len() + n, 0);
+                chunks.push(ReadChunk::Zero(n as u32));
+            }
+            _ => {
+                let (file, content) = fuzz_file();
+                let offset = usize::from(spec[0]) * 257;
+                expected.extend_from_slice(&content[offset..offset + n]);
+                chunks.push(ReadChunk::File(FileRange { file: file.clone(), offset: offset as u64, len: n as u32 }));
+            }
         }
         if expected.len() > 1 << 20 {
             return;
@@ -198,6 +210,19 @@ pub fn read_replies(input: &[u8]) {
         }
     };
     assert!(got == expected, "READ reply does not decode to the device data");
+}
+
+/// An unlinked temporary file with known content, large enough for every file chunk.
+fn fuzz_file() -> &'static (Arc<File>, Vec<u8>) {
+    static FILE: OnceLock<(Arc<File>, Vec<u8>)> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let content: Vec<u8> = (0..256 * 257 + 65536).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+        let path = std::env::temp_dir().join(format!("nbd-fuzz-{}.img", std::process::id()));
+        let file = File::options().create(true).truncate(true).read(true).write(true).open(&path).expect("temp file");
+        let _ = std::fs::remove_file(&path);
+        file.write_all_at(&content, 0).expect("fill temp file");
+        (Arc::new(file), content)
+    })
 }
 
 /// Reassembles a structured READ reply, checking the spec's rules on the way.
