@@ -134,12 +134,15 @@ pub enum CacheMode {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoEngine {
-    /// io_uring when the kernel allows it, else a thread pool (the reason is logged).
+    /// Inline for member files on tmpfs/ramfs; else io_uring when the kernel allows it, else
+    /// a thread pool (the reason is logged).
     Auto,
     /// io_uring only; fail if unavailable.
     Uring,
     /// Thread pool with pread/pwrite.
     Threads,
+    /// pread/pwrite in the serving task: for members in memory (a disk would stall serving).
+    Inline,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -51,7 +51,8 @@ impl ExportConfig {
             Some("auto") => Some(IoEngine::Auto),
             Some("uring") => Some(IoEngine::Uring),
             Some("threads") => Some(IoEngine::Threads),
-            Some(other) => bail!("export {}: io = {other:?}: use auto, uring or threads", self.name),
+            Some("inline") => Some(IoEngine::Inline),
+            Some(other) => bail!("export {}: io = {other:?}: use auto, uring, threads or inline", self.name),
         })
     }
 

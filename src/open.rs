@@ -1,7 +1,7 @@
 //! Opening members and assembling the array they form.
 //!
 //! ```text
-//!  paths ─► open_member (io_uring / threads, O_DIRECT) ─► optional Throttled ─► optional Faulty
+//!  paths ─► open_member (io_uring / threads / inline, O_DIRECT) ─► optional Throttled ─► optional Faulty
 //!        ─► optional MeteredMember (serve --metrics) ─► Arc<dyn Member>
 //!        ─► read 4 KiB at byte 4096 ─► md::Candidate ─► md::assemble ─► Geometry + RoleMembers
 //!        ─► engine::Array (with MdStore: state changes go to the superblocks)
@@ -41,6 +41,7 @@ impl MemberOpenOptions {
                 IoEngine::Auto => member_io::IoEngine::Auto,
                 IoEngine::Uring => member_io::IoEngine::Uring,
                 IoEngine::Threads => member_io::IoEngine::Threads,
+                IoEngine::Inline => member_io::IoEngine::Inline,
             },
             direct: if self.io.buffered { DirectMode::Off } else { DirectMode::Auto },
             read_only: self.read_only,

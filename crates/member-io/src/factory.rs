@@ -2,10 +2,12 @@
 //!
 //! ```text
 //!  OpenOptions.engine ─ Auto ─► RAIDNBD_IO set? ─► that engine
-//!                     │                  └─ no ─► cached uring_probe() ─ ok ─► io_uring
+//!                     │                  └─ no ─► regular file on tmpfs/ramfs? ─ yes ─► inline
+//!                     │                                      └─ no ─► cached uring_probe() ─ ok ─► io_uring
 //!                     │                                             └─ err ─► warn!(errno, fix) ─► thread pool
 //!                     ├ Uring ─► cached probe ─ err ─► MemberIoError::UringUnavailable
-//!                     └ Threads ─► thread pool (io_uring never touched)
+//!                     ├ Threads ─► thread pool (io_uring never touched)
+//!                     └ Inline ─► syscalls in the caller
 //! ```
 //!
 //! Modelled on cloud-hypervisor `block/src/factory.rs`: one place decides the backend, the
@@ -17,12 +19,14 @@ use std::sync::{Arc, Once};
 use raid_core::Member;
 
 use crate::error::{MemberIoError, Result};
-use crate::file_member::{ThreadPoolMember, UringMember};
+use crate::file_member::{InlineMember, ThreadPoolMember, UringMember};
+use crate::inline::is_memory_backed;
 use crate::options::{EngineKind, IoEngine, OpenOptions};
 use crate::probe::{UringUnavailable, uring_probe};
 
-/// Decides which engine `requested` means in this process (env override, cached probe).
-/// With `Auto`, a failed probe logs one warning naming the errno and the fix.
+/// Decides which engine `requested` means in this process for a member that is not in
+/// memory (env override, cached probe). With `Auto`, a failed probe logs one warning
+/// naming the errno and the fix.
 pub fn resolve_engine(requested: IoEngine) -> Result<EngineKind> {
     let requested = match requested {
         IoEngine::Auto => IoEngine::from_env()?.unwrap_or(IoEngine::Auto),
@@ -30,6 +34,7 @@ pub fn resolve_engine(requested: IoEngine) -> Result<EngineKind> {
     };
     match requested {
         IoEngine::Threads => Ok(EngineKind::Threads),
+        IoEngine::Inline => Ok(EngineKind::Inline),
         IoEngine::Uring => match uring_probe() {
             Ok(()) => Ok(EngineKind::Uring),
             Err(e) => Err(MemberIoError::UringUnavailable { reason: e.to_string() }),
@@ -59,7 +64,15 @@ fn warn_fallback_once(e: &UringUnavailable) {
 /// Opens one member (regular file or block device) on the engine `options` select.
 pub fn open_member(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Member>> {
     let path = path.as_ref();
-    let mut engine = resolve_engine(options.engine)?;
+    let requested = match options.engine {
+        IoEngine::Auto => IoEngine::from_env()?.unwrap_or(IoEngine::Auto),
+        explicit => explicit,
+    };
+    let mut engine = if requested == IoEngine::Auto && is_memory_backed(path) {
+        EngineKind::Inline
+    } else {
+        resolve_engine(requested)?
+    };
     let member: Arc<dyn Member> = match engine {
         EngineKind::Uring => match UringMember::open(path, options.direct, options.read_only) {
             Ok(m) => Arc::new(m),
@@ -74,6 +87,7 @@ pub fn open_member(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<
             Err(e) => return Err(e),
         },
         EngineKind::Threads => Arc::new(ThreadPoolMember::open(path, options.direct, options.read_only)?),
+        EngineKind::Inline => Arc::new(InlineMember::open(path, options.direct, options.read_only)?),
     };
     tracing::info!(
         member = %path.display(),

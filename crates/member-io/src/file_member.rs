@@ -1,5 +1,6 @@
 //! `FileMember<O>`: the `raid_core::Member` policy for a file or block device, written once
-//! for both engines; and the public [`UringMember`] / [`ThreadPoolMember`] built on it.
+//! for every engine; and the public [`UringMember`] / [`ThreadPoolMember`] / [`InlineMember`]
+//! built on it.
 //!
 //! Policy (what callers can rely on):
 //! - Range: anything beyond the size seen at open fails with `UnexpectedEof` (`check_range`).
@@ -27,6 +28,7 @@ use raid_core::{AlignedBuf, Member};
 
 use crate::error::Result;
 use crate::file_ops::FileOps;
+use crate::inline::InlineOps;
 use crate::member_file::{FileRef, MemberFile, open_member_file};
 use crate::options::DirectMode;
 use crate::threads::ops::ThreadOps;
@@ -299,3 +301,17 @@ impl ThreadPoolMember {
 }
 
 file_member_type!(ThreadPoolMember);
+
+/// A member whose syscalls run in the calling task (for files in memory; see `inline.rs`).
+pub struct InlineMember {
+    inner: FileMember<InlineOps>,
+}
+
+impl InlineMember {
+    pub fn open(path: impl AsRef<Path>, direct: DirectMode, read_only: bool) -> Result<Self> {
+        let file = open_member_file(path.as_ref(), direct, read_only)?;
+        Ok(Self { inner: FileMember::new(file, InlineOps) })
+    }
+}
+
+file_member_type!(InlineMember);

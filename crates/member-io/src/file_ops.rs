@@ -6,7 +6,8 @@
 //!        ▼
 //!   O::read / write / fdatasync / fallocate   (one syscall each, maybe short)
 //!        ├─ UringOps:  a request to the ring thread, completion through a oneshot
-//!        └─ ThreadOps: a job on the blocking pool doing pread/pwrite/...
+//!        ├─ ThreadOps: a job on the blocking pool doing pread/pwrite/...
+//!        └─ InlineOps: the same syscalls in the calling task (files in memory)
 //! ```
 //!
 //! Every op takes a [`FileRef`] and owns its buffer; both are released only when the

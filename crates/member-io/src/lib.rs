@@ -5,8 +5,9 @@
 //!  open_member(path, &OpenOptions) ──► Arc<dyn Member>
 //!     │ resolve_engine: --io / RAIDNBD_IO / cached io_uring probe (warn! + fallback)
 //!     ├─► UringMember       ── requests ──► shared ring threads (eventfd doorbell, oneshots)
-//!     └─► ThreadPoolMember  ── jobs ──────► shared blocking pool (pread/pwrite)
-//!          both = FileMember<engine>: range/alignment checks, short-I/O loops, FUA,
+//!     ├─► ThreadPoolMember  ── jobs ──────► shared blocking pool (pread/pwrite)
+//!     └─► InlineMember      ── pread/pwrite in the caller (auto for files on tmpfs/ramfs)
+//!          all = FileMember<engine>: range/alignment checks, short-I/O loops, FUA,
 //!                 discard/write_zeroes fallback chains, O_DIRECT (statx DIOALIGN) or buffered
 //!
 //!  Throttled<M: Member>  bandwidth / IOPS / latency token buckets (cloud-volume emulation)
@@ -25,9 +26,11 @@ mod factory;
 mod fault;
 mod file_member;
 mod file_ops;
+mod inline;
 mod member_file;
 mod options;
 mod probe;
+mod sync_ops;
 mod threads;
 mod throttle;
 mod uring;
@@ -35,7 +38,7 @@ mod uring;
 pub use error::{MemberIoError, Result};
 pub use factory::{open_member, resolve_engine};
 pub use fault::{FaultControl, FaultOps, Faulty};
-pub use file_member::{ThreadPoolMember, UringMember};
+pub use file_member::{InlineMember, ThreadPoolMember, UringMember};
 pub use member_file::create_sparse_file;
 pub use options::{DirectMode, EngineKind, IO_ENGINE_ENV, IoEngine, OpenOptions};
 pub use probe::{UringUnavailable, uring_probe};

@@ -1,6 +1,6 @@
 //! Options for opening a member: which I/O engine, whether to use O_DIRECT, read-only.
 //!
-//! `IoEngine` is what the user asks for (`--io auto|uring|threads`, or the `RAIDNBD_IO`
+//! `IoEngine` is what the user asks for (`--io auto|uring|threads|inline`, or the `RAIDNBD_IO`
 //! environment variable when the option is left at `auto`); `EngineKind` is what the
 //! factory actually chose after probing. Explicit options win over the environment.
 
@@ -9,19 +9,23 @@ use std::str::FromStr;
 
 use crate::error::MemberIoError;
 
-/// Environment variable that forces an engine when the option is `Auto` (`uring` or `threads`).
+/// Environment variable that forces an engine when the option is `Auto` (`uring`, `threads`
+/// or `inline`).
 pub const IO_ENGINE_ENV: &str = "RAIDNBD_IO";
 
 /// Requested I/O engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoEngine {
-    /// io_uring if the cached probe succeeds, else the thread pool (with a logged reason).
+    /// Inline for a regular file on tmpfs/ramfs; otherwise io_uring if the cached probe
+    /// succeeds, else the thread pool (with a logged reason).
     #[default]
     Auto,
     /// io_uring or fail.
     Uring,
     /// The pread/pwrite thread pool, never touching io_uring.
     Threads,
+    /// pread/pwrite in the calling task: for files in memory (a disk would stall the caller).
+    Inline,
 }
 
 /// The engine a member actually runs on.
@@ -29,6 +33,7 @@ pub enum IoEngine {
 pub enum EngineKind {
     Uring,
     Threads,
+    Inline,
 }
 
 /// O_DIRECT policy.
@@ -71,7 +76,10 @@ impl FromStr for IoEngine {
             "auto" => Ok(Self::Auto),
             "uring" | "io_uring" | "io-uring" => Ok(Self::Uring),
             "threads" | "threadpool" | "thread-pool" | "thread_pool" => Ok(Self::Threads),
-            other => Err(MemberIoError::InvalidOption(format!("io engine {other:?}: expected auto, uring or threads"))),
+            "inline" => Ok(Self::Inline),
+            other => Err(MemberIoError::InvalidOption(format!(
+                "io engine {other:?}: expected auto, uring, threads or inline"
+            ))),
         }
     }
 }
@@ -94,6 +102,7 @@ impl fmt::Display for IoEngine {
             Self::Auto => "auto",
             Self::Uring => "uring",
             Self::Threads => "threads",
+            Self::Inline => "inline",
         })
     }
 }
@@ -103,6 +112,7 @@ impl fmt::Display for EngineKind {
         f.write_str(match self {
             Self::Uring => "io_uring",
             Self::Threads => "thread pool",
+            Self::Inline => "inline",
         })
     }
 }
@@ -116,6 +126,7 @@ mod tests {
         assert_eq!("Uring".parse::<IoEngine>().unwrap(), IoEngine::Uring);
         assert_eq!("threads".parse::<IoEngine>().unwrap(), IoEngine::Threads);
         assert_eq!(" auto ".parse::<IoEngine>().unwrap(), IoEngine::Auto);
+        assert_eq!("inline".parse::<IoEngine>().unwrap(), IoEngine::Inline);
         assert!("epoll".parse::<IoEngine>().is_err());
         assert_eq!("off".parse::<DirectMode>().unwrap(), DirectMode::Off);
         assert_eq!("on".parse::<DirectMode>().unwrap(), DirectMode::On);

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use member_io::{
-    DirectMode, FaultControl, Faulty, IoEngine, OpenOptions, ThreadPoolMember, ThrottleConfig, Throttled, UringConfig,
-    UringDriver, UringMember, open_member,
+    DirectMode, FaultControl, Faulty, InlineMember, IoEngine, OpenOptions, ThreadPoolMember, ThrottleConfig, Throttled,
+    UringConfig, UringDriver, UringMember, open_member,
 };
 use raid_core::{Member, MemoryMember};
 
@@ -114,6 +114,43 @@ async fn ramfs_without_direct_io_or_fallocate() {
     let threads = Arc::new(ThreadPoolMember::open(&path, DirectMode::Auto, false).unwrap());
     let probe = Arc::clone(&threads);
     run_all(threads, InFlight::counter(move || probe.in_flight_ops())).await;
+    let path = sparse_file(fs.path(), "m3", MIN_MEMBER_BYTES);
+    run_all(Arc::new(InlineMember::open(&path, DirectMode::Auto, false).unwrap()), InFlight::Synchronous).await;
+}
+
+/// The inline engine where `--io auto` picks it (a file on tmpfs) and, forced, on ext4 with O_DIRECT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_on_dev_shm_and_ext4() {
+    let dir = tempfile::tempdir_in("/dev/shm").expect("/dev/shm");
+    let m =
+        Arc::new(InlineMember::open(sparse_file(dir.path(), "m", MIN_MEMBER_BYTES), DirectMode::Auto, false).unwrap());
+    run_all(m, InFlight::Synchronous).await;
+    let dir = scratch_dir();
+    assert_ext4(dir.path());
+    let m =
+        Arc::new(InlineMember::open(sparse_file(dir.path(), "m", MIN_MEMBER_BYTES), DirectMode::On, false).unwrap());
+    assert!(m.is_direct());
+    run_all(m, InFlight::Synchronous).await;
+}
+
+/// `--io auto` runs a member on tmpfs inline (its I/O completes in the first poll) and one
+/// on ext4 on a ring or pool thread (the first poll cannot have the answer yet).
+#[test]
+fn auto_runs_files_in_memory_inline_and_others_on_threads() {
+    use std::task::{Context, Poll, Waker};
+    let first_poll_ready = |path: &std::path::Path| {
+        let m = open_member(path, &OpenOptions::default()).unwrap();
+        let mut read = m.read_at(0, raid_core::AlignedBuf::zeroed(4096));
+        let ready = matches!(read.as_mut().poll(&mut Context::from_waker(Waker::noop())), Poll::Ready(_));
+        drop(read);
+        ready
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _guard = runtime.enter();
+    let shm = tempfile::tempdir_in("/dev/shm").expect("/dev/shm");
+    assert!(first_poll_ready(&sparse_file(shm.path(), "m", MIN_MEMBER_BYTES)), "tmpfs member must run inline");
+    let dir = scratch_dir();
+    assert!(!first_poll_ready(&sparse_file(dir.path(), "m", MIN_MEMBER_BYTES)), "ext4 member must not run inline");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

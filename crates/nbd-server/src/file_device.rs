@@ -54,9 +54,13 @@ pub struct FileDevice {
     send_file_reads: bool,
 }
 
-/// Whether `file` lives in memory (tmpfs or ramfs), where I/O syscalls never block on a disk.
+/// Whether `file` is a regular file living in memory (tmpfs, ramfs), where I/O syscalls
+/// never block on a disk. (Device nodes live on devtmpfs, which reports tmpfs too.)
 fn is_memory_backed(file: &File) -> bool {
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    if !file.metadata().is_ok_and(|m| m.file_type().is_file()) {
+        return false;
+    }
     let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: fstatfs writes a complete `statfs` into the pointed-to buffer when it returns 0;
     // the buffer is only read in that case.
@@ -359,6 +363,8 @@ mod tests {
         assert!(FileDevice::open(shm.path(), false).unwrap().inline_io());
         let disk = tempfile::NamedTempFile::new_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         assert!(!FileDevice::open(disk.path(), false).unwrap().inline_io());
+        // A device node's filesystem (devtmpfs) says tmpfs, but its I/O goes to the device.
+        assert!(!FileDevice::open("/dev/null", true).unwrap().inline_io());
     }
 
     #[tokio::test]

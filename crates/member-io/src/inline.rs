@@ -1,0 +1,77 @@
+//! `InlineOps`: [`FileOps`] as blocking syscalls run in the calling task, for members whose
+//! file lives in memory (tmpfs, ramfs).
+//!
+//! There a syscall is a memory copy that never waits for a disk, so handing it to a ring or
+//! pool thread costs more than doing it: 4 KiB random reads of a one-member array on
+//! /dev/shm over NBD (fio QD32) measured about 70k IOPS with io_uring, 55k with the thread
+//! pool and 121k inline. Every future completes in its first poll, so cancellation can
+//! never leave a syscall holding a buffer. The factory picks this engine with `--io auto`
+//! only for regular files on tmpfs/ramfs (device nodes live on devtmpfs, which also says
+//! tmpfs, and are excluded).
+
+use std::io;
+use std::ops::Range;
+
+use raid_core::AlignedBuf;
+
+use crate::file_ops::{FileOps, TransferResult};
+use crate::member_file::FileRef;
+use crate::sync_ops;
+
+pub(crate) struct InlineOps;
+
+impl FileOps for InlineOps {
+    async fn read(&self, file: FileRef, offset_bytes: u64, buf: AlignedBuf, range: Range<usize>) -> TransferResult {
+        sync_ops::read(&file, offset_bytes, buf, range)
+    }
+
+    async fn write(&self, file: FileRef, offset_bytes: u64, buf: AlignedBuf, range: Range<usize>) -> TransferResult {
+        sync_ops::write(&file, offset_bytes, buf, range)
+    }
+
+    async fn fdatasync(&self, file: FileRef) -> io::Result<()> {
+        sync_ops::fdatasync(&file)
+    }
+
+    async fn fallocate(&self, file: FileRef, mode: i32, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        sync_ops::fallocate(&file, mode, offset_bytes, len_bytes)
+    }
+}
+
+/// Whether `path` is a regular file on tmpfs or ramfs.
+pub(crate) fn is_memory_backed(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    if !std::fs::metadata(path).is_ok_and(|m| m.file_type().is_file()) {
+        return false;
+    }
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c_path` is NUL-terminated; statfs fills the buffer when it returns 0, and the
+    // buffer is only read in that case.
+    if unsafe { libc::statfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: statfs returned 0, so the struct is initialised.
+    let stat = unsafe { stat.assume_init() };
+    #[allow(clippy::unnecessary_cast)]
+    let f_type = stat.f_type as i64;
+    #[allow(clippy::unnecessary_cast)]
+    let tmpfs = libc::TMPFS_MAGIC as i64;
+    f_type == tmpfs || f_type == RAMFS_MAGIC
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_regular_files_on_tmpfs_are_in_memory() {
+        let shm = tempfile::NamedTempFile::new_in("/dev/shm").expect("/dev/shm");
+        assert!(is_memory_backed(shm.path()));
+        let disk = tempfile::NamedTempFile::new_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        assert!(!is_memory_backed(disk.path()));
+        // Device nodes sit on devtmpfs, which reports tmpfs: their I/O still goes to a device.
+        assert!(!is_memory_backed(std::path::Path::new("/dev/null")));
+    }
+}
