@@ -7,6 +7,8 @@
 # Usage: crates/nbd-server/bench/vs-nbdkit.sh            (defaults below)
 #        ROUNDS=5 RUNTIME=10 SIZE=1G crates/nbd-server/bench/vs-nbdkit.sh
 #        ONLY=seq crates/nbd-server/bench/vs-nbdkit.sh     (workloads whose name contains "seq")
+#        OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (the product: `raidnbd serve` of a
+#            linear array whose one member is the file; nbdkit serves the member file itself)
 # Needs: fio, nbdkit (Debian packages fio, nbdkit), /usr/bin/python3, cargo.
 set -euo pipefail
 
@@ -14,7 +16,8 @@ ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-8}
 SIZE=${SIZE:-1G}
 ONLY=${ONLY:-}
-OURS_ARGS=${OURS_ARGS:-} # extra serve_file arguments, e.g. "--threads 4"
+OURS=${OURS:-serve_file} # serve_file (the crate's example, a FileDevice) or raidnbd
+OURS_ARGS=${OURS_ARGS:-} # extra server arguments, e.g. "--threads 4"
 IMG=${IMG:-/dev/shm/nbd-bench.img}
 OURS_PORT=${OURS_PORT:-10911}
 NBDKIT_PORT=${NBDKIT_PORT:-10912}
@@ -25,9 +28,17 @@ for tool in fio nbdkit; do
     command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install $tool" >&2; exit 1; }
 done
 
-echo "building serve_file (release)..." >&2
-cargo build --release --quiet -p nbd-server --example serve_file --manifest-path "$ROOT/Cargo.toml"
-SERVE_FILE=$CARGO_TARGET_DIR/release/examples/serve_file
+case $OURS in
+serve_file)
+    echo "building serve_file (release)..." >&2
+    cargo build --release --quiet -p nbd-server --example serve_file --manifest-path "$ROOT/Cargo.toml"
+    ;;
+raidnbd)
+    echo "building raidnbd (release)..." >&2
+    cargo build --release --quiet --bin raidnbd --manifest-path "$ROOT/Cargo.toml"
+    ;;
+*) echo "OURS must be serve_file or raidnbd" >&2; exit 1 ;;
+esac
 
 WORK=$(mktemp -d)
 cleanup() {
@@ -41,12 +52,22 @@ trap cleanup EXIT
 echo "filling $IMG ($SIZE) with random data..." >&2
 fio --name=fill --filename="$IMG" --rw=write --bs=1m --size="$SIZE" --refill_buffers --output=/dev/null
 
-# shellcheck disable=SC2086
-"$SERVE_FILE" --file "$IMG" --listen "127.0.0.1:$OURS_PORT" $OURS_ARGS >"$WORK/ours.log" 2>&1 &
+# The array is smaller than its member (md metadata), so fio covers 95 % of each export.
+FIO_SIZE=$SIZE
+if [[ $OURS == raidnbd ]]; then
+    FIO_SIZE=95%
+    "$CARGO_TARGET_DIR/release/raidnbd" create --level linear --force "$IMG" >"$WORK/create.log" 2>&1
+    # shellcheck disable=SC2086
+    "$CARGO_TARGET_DIR/release/raidnbd" serve "$IMG" --listen "127.0.0.1:$OURS_PORT" $OURS_ARGS >"$WORK/ours.log" 2>&1 &
+else
+    # shellcheck disable=SC2086
+    "$CARGO_TARGET_DIR/release/examples/serve_file" --file "$IMG" --listen "127.0.0.1:$OURS_PORT" $OURS_ARGS \
+        >"$WORK/ours.log" 2>&1 &
+fi
 OURS_PID=$!
 nbdkit -f -P "$WORK/nbdkit.pid" -i 127.0.0.1 -p "$NBDKIT_PORT" file "$IMG" >"$WORK/nbdkit.log" 2>&1 &
 for _ in $(seq 50); do
-    grep -q listening "$WORK/ours.log" && [[ -s $WORK/nbdkit.pid ]] && break
+    grep -qE "listening|serving export" "$WORK/ours.log" && [[ -s $WORK/nbdkit.pid ]] && break
     sleep 0.1
 done
 
@@ -65,7 +86,7 @@ cpu_ticks() { # utime + stime of a process, in clock ticks
 run_fio() { # port workload-args... ; prints "iops bw_bytes_per_s"
     local port=$1
     shift
-    fio --name=bench --ioengine=nbd --uri="nbd://127.0.0.1:$port/" --size="$SIZE" \
+    fio --name=bench --ioengine=nbd --uri="nbd://127.0.0.1:$port/" --size="$FIO_SIZE" \
         --time_based --runtime="$RUNTIME" --ramp_time=1 --numjobs=1 --output-format=json "$@" |
         /usr/bin/python3 -c '
 import json, sys
