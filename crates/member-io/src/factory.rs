@@ -21,7 +21,7 @@ use raid_core::Member;
 use crate::error::{MemberIoError, Result};
 use crate::file_member::{InlineMember, ThreadPoolMember, UringMember};
 use crate::inline::is_memory_backed;
-use crate::options::{EngineKind, IoEngine, OpenOptions};
+use crate::options::{DirectMode, EngineKind, IoEngine, OpenOptions};
 use crate::probe::{UringUnavailable, uring_probe};
 
 /// Decides which engine `requested` means in this process for a member that is not in
@@ -62,16 +62,22 @@ fn warn_fallback_once(e: &UringUnavailable) {
 }
 
 /// Opens one member (regular file or block device) on the engine `options` select.
+///
+/// A file in memory (tmpfs, ramfs) is opened buffered under `DirectMode::Auto`: O_DIRECT
+/// there bypasses nothing (its pages are the storage), and buffered I/O has no alignment
+/// rule, so the inline engine can write a client's bytes where they lie.
 pub fn open_member(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Member>> {
     let path = path.as_ref();
     let requested = match options.engine {
         IoEngine::Auto => IoEngine::from_env()?.unwrap_or(IoEngine::Auto),
         explicit => explicit,
     };
-    let mut engine = if requested == IoEngine::Auto && is_memory_backed(path) {
-        EngineKind::Inline
-    } else {
-        resolve_engine(requested)?
+    let in_memory = is_memory_backed(path);
+    let mut engine =
+        if requested == IoEngine::Auto && in_memory { EngineKind::Inline } else { resolve_engine(requested)? };
+    let options = &OpenOptions {
+        direct: if in_memory && options.direct == DirectMode::Auto { DirectMode::Off } else { options.direct },
+        ..options.clone()
     };
     let member: Arc<dyn Member> = match engine {
         EngineKind::Uring => match UringMember::open(path, options.direct, options.read_only) {

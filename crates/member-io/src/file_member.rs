@@ -90,6 +90,30 @@ impl<O: FileOps> FileMember<O> {
         (res, buf)
     }
 
+    /// `write` from borrowed bytes: pwrite straight from `data` on a synchronous engine (when
+    /// the bytes meet the O_DIRECT alignment), else through a copy.
+    async fn write_slice(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let align = self.file.align_bytes();
+        if !O::SYNCHRONOUS || !(data.as_ptr() as usize).is_multiple_of(align) {
+            return self.write(offset_bytes, AlignedBuf::from_slice(data), fua).await.0;
+        }
+        self.check_io(offset_bytes, data.len() as u64).and_then(|()| self.check_writable())?;
+        let file = FileRef::new(&self.file);
+        let mut done = 0;
+        while done < data.len() {
+            let end = data.len().min(done + MAX_OP_BYTES);
+            match crate::sync_ops::write_slice(&file, offset_bytes + done as u64, &data[done..end])? {
+                n if n > 0 && (done + n == data.len() || (done + n).is_multiple_of(align)) => done += n,
+                _ => return Err(self.short_io(io::ErrorKind::WriteZero, offset_bytes, done, data.len())),
+            }
+        }
+        drop(file);
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
     /// Reads (or writes) all of `buf` at `offset_bytes`, in operations of at most
     /// `MAX_OP_BYTES`, continuing after short transfers.
     async fn transfer(&self, write: bool, offset_bytes: u64, mut buf: AlignedBuf) -> BufResult {
@@ -249,6 +273,14 @@ macro_rules! file_member_type {
             }
             fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
                 Box::pin(self.inner.write(offset_bytes, buf, fua))
+            }
+            fn write_slice_at<'a>(
+                &'a self,
+                offset_bytes: u64,
+                data: &'a [u8],
+                fua: bool,
+            ) -> IoFuture<'a, io::Result<()>> {
+                Box::pin(self.inner.write_slice(offset_bytes, data, fua))
             }
             fn flush(&self) -> IoFuture<'_, io::Result<()>> {
                 Box::pin(self.inner.flush())

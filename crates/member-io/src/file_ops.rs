@@ -27,6 +27,10 @@ use crate::member_file::FileRef;
 pub(crate) type TransferResult = (io::Result<usize>, AlignedBuf);
 
 pub(crate) trait FileOps: Send + Sync + 'static {
+    /// Every op completes in its first poll, so a borrowed buffer can be written directly
+    /// (nothing can outlive the caller's borrow).
+    const SYNCHRONOUS: bool = false;
+
     /// Reads into `buf[range]` from `offset_bytes`; may return fewer bytes (0 at end of file).
     fn read(
         &self,

@@ -21,6 +21,8 @@ use crate::sync_ops;
 pub(crate) struct InlineOps;
 
 impl FileOps for InlineOps {
+    const SYNCHRONOUS: bool = true;
+
     async fn read(&self, file: FileRef, offset_bytes: u64, buf: AlignedBuf, range: Range<usize>) -> TransferResult {
         sync_ops::read(&file, offset_bytes, buf, range)
     }

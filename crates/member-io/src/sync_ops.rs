@@ -20,6 +20,11 @@ pub(crate) fn write(file: &FileRef, offset_bytes: u64, buf: AlignedBuf, range: R
     (res, buf)
 }
 
+/// `pwrite` of a borrowed slice (the inline engine's copy-free writes).
+pub(crate) fn write_slice(file: &FileRef, offset_bytes: u64, data: &[u8]) -> io::Result<usize> {
+    retry_eintr(|| file.file().as_file().write_at(data, offset_bytes))
+}
+
 pub(crate) fn fdatasync(file: &FileRef) -> io::Result<()> {
     retry_eintr(|| file.file().as_file().sync_data())
 }

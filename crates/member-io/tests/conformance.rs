@@ -39,6 +39,7 @@ pub async fn run_all(m: Arc<dyn Member>, in_flight: InFlight) {
     assert!(a.is_power_of_two() && a <= 4096, "{}: bad alignment {a}", m.name());
     round_trip_aligned(&*m).await;
     round_trip_unaligned(&*m).await;
+    slice_writes(&*m).await;
     flush_after_write(&*m).await;
     discard_reads_zero(&*m).await;
     write_zeroes_reads_zero(&*m).await;
@@ -117,6 +118,23 @@ pub async fn round_trip_unaligned(m: &dyn Member) {
             assert!(read(m, offset, len).await.unwrap() == data, "{}: unaligned round trip", m.name());
         }
     }
+}
+
+/// `write_slice_at` (borrowed bytes, copy-free on synchronous members): from an aligned and a
+/// misaligned address, with FUA, and refused past the end, like `write_at`.
+pub async fn slice_writes(m: &dyn Member) {
+    let base = 6 << 20;
+    let backing = pattern(21, (64 << 10) + 4096);
+    let aligned = AlignedBuf::from_slice(&backing[..64 << 10]);
+    m.write_slice_at(base, aligned.as_slice(), false).await.unwrap_or_else(|e| panic!("{}: {e}", m.name()));
+    assert!(read(m, base, 64 << 10).await.unwrap() == aligned.as_slice(), "{}: slice write", m.name());
+    // A slice starting 1 byte into its buffer: no alignment of the address is promised.
+    let odd = &backing[1..1 + (32 << 10)];
+    m.write_slice_at(base + (64 << 10), odd, true).await.unwrap_or_else(|e| panic!("{}: {e}", m.name()));
+    assert!(read(m, base + (64 << 10), 32 << 10).await.unwrap() == odd, "{}: misaligned slice write", m.name());
+    let a = m.alignment() as u64;
+    let err = m.write_slice_at(m.len_bytes() - a, &backing[..2 * a as usize], false).await.expect_err("past end");
+    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{}: {err}", m.name());
 }
 
 pub async fn flush_after_write(m: &dyn Member) {

@@ -59,6 +59,13 @@ pub trait Member: Send + Sync {
     /// Writes all of `buf` at `offset_bytes`; with `fua` the data is durable on completion.
     fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult>;
 
+    /// `write_at` from borrowed bytes. The default copies them into an `AlignedBuf`; a member
+    /// that writes synchronously (memory, files in memory) overrides it to skip that copy.
+    fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
+        let buf = AlignedBuf::from_slice(data);
+        Box::pin(async move { self.write_at(offset_bytes, buf, fua).await.0 })
+    }
+
     /// Makes all completed writes durable (fdatasync).
     fn flush(&self) -> IoFuture<'_, io::Result<()>>;
 
@@ -84,6 +91,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     }
     fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
         (**self).write_at(offset_bytes, buf, fua)
+    }
+    fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
+        (**self).write_slice_at(offset_bytes, data, fua)
     }
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
         (**self).flush()
@@ -133,6 +143,12 @@ impl MemoryMember {
         f(&mut self.data.lock().expect("memory member lock"))
     }
 
+    fn write_now(&self, offset_bytes: u64, data: &[u8], _fua: bool) -> io::Result<()> {
+        let r = self.range(offset_bytes, data.len() as u64)?;
+        self.data.lock().expect("memory member lock")[r].copy_from_slice(data);
+        Ok(())
+    }
+
     fn range(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<std::ops::Range<usize>> {
         let len = self.data.lock().expect("memory member lock").len() as u64;
         check_range(&self.name, len, offset_bytes, len_bytes)?;
@@ -160,11 +176,13 @@ impl Member for MemoryMember {
         Box::pin(std::future::ready((res, buf)))
     }
 
-    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, _fua: bool) -> IoFuture<'_, BufResult> {
-        let res = self.range(offset_bytes, buf.len() as u64).map(|r| {
-            self.data.lock().expect("memory member lock")[r].copy_from_slice(buf.as_slice());
-        });
+    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        let res = self.write_now(offset_bytes, buf.as_slice(), fua);
         Box::pin(std::future::ready((res, buf)))
+    }
+
+    fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(std::future::ready(self.write_now(offset_bytes, data, fua)))
     }
 
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {

@@ -99,6 +99,24 @@ impl<M: Member + ?Sized> Array<M> {
         write_device(&device, member_sector, buf, fua).await
     }
 
+    /// `write_member` from borrowed bytes: members that write synchronously skip a copy.
+    /// (With a replacement being built, both writes take the copying path.)
+    pub(crate) async fn write_member_slice(
+        &self,
+        role: usize,
+        member_sector: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> io::Result<()> {
+        debug_assert_eq!(data.len() as u64 % SECTOR_BYTES, 0);
+        let slot = &self.slots[role];
+        if slot.replacement().is_some() {
+            return self.write_member(role, member_sector, AlignedBuf::from_slice(data), fua).await;
+        }
+        let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
+        device.member.write_slice_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, data, fua).await
+    }
+
     /// Zeroes `sectors` at `member_sector` of `role` (deallocating if allowed), replacement included.
     pub(crate) async fn zero_member(
         &self,

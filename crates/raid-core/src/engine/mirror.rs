@@ -152,14 +152,22 @@ impl<M: Member + ?Sized> Array<M> {
         let _intent = self.intent_begin(start_sector..start_sector + sectors).await?;
         let pieces = self.writable_copies(start_sector, sectors)?;
         let runs = coalesce(pieces);
-        let results = join_all(runs.iter().map(|run| {
+        let results = join_all(runs.iter().map(|run| async move {
+            if let [(p, _)] = run.pieces.as_slice() {
+                // One contiguous piece of the request: the member may write it without a copy.
+                debug_assert_eq!(p.sectors, run.sectors);
+                let len = (run.sectors * SECTOR_BYTES) as usize;
+                return self
+                    .write_member_slice(run.role, run.member_sector, &data[p.req_offset_bytes..][..len], fua)
+                    .await;
+            }
             // The run's pieces tile it (coalesce), so every byte is copied over.
             let mut buf = AlignedBuf::for_overwrite((run.sectors * SECTOR_BYTES) as usize);
             for (p, at) in &run.pieces {
                 let len = (p.sectors * SECTOR_BYTES) as usize;
                 buf.as_mut_slice()[*at..at + len].copy_from_slice(&data[p.req_offset_bytes..p.req_offset_bytes + len]);
             }
-            self.write_member(run.role, run.member_sector, buf, fua)
+            self.write_member(run.role, run.member_sector, buf, fua).await
         }))
         .await;
         self.finish_mirror_writes(start_sector, sectors, runs.iter().map(|r| r.role).zip(results), "write").await
