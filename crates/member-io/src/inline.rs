@@ -40,7 +40,8 @@ impl FileOps for InlineOps {
     }
 }
 
-/// Whether `path` is a regular file on tmpfs or ramfs.
+/// Whether `path` is a regular file on tmpfs or ramfs. (nbd-server's `FileDevice` makes the
+/// same check on its own: the two crates do not depend on each other.)
 pub(crate) fn is_memory_backed(path: &std::path::Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
