@@ -46,6 +46,7 @@ use crate::advertise::Advertised;
 use crate::buffer_pool;
 use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, FileRange, ReadChunk};
 use crate::error::{Error, Result};
+use crate::protocol::consts::cmd;
 use crate::protocol::read_reply::{ReadFraming, push_device_error, read_reply};
 use crate::protocol::reply::{Reply, Segment, encode_extents};
 use crate::protocol::request::{
@@ -55,7 +56,7 @@ use crate::protocol::request::{
 use crate::read_buffer::{discard, fill};
 use crate::send_file::{ReplySink, write_all_vectored};
 
-/// Requests up to this length may be executed inline by the reader.
+/// Requests up to this length may be executed inline by the reader (WRITEs at any length).
 const INLINE_MAX_BYTES: u32 = 128 * 1024;
 /// Replies of at least this size are written by the request's own task when it can.
 const DIRECT_REPLY_MIN_BYTES: usize = 128 * 1024;
@@ -239,9 +240,12 @@ where
             .instrument(span),
         );
         // Fast path: a small request on a device that completes at once is answered by the
-        // reader. Large requests always become tasks, so their copies run on other workers
-        // in parallel with the reader, as does anything that has to wait.
-        let ready = if header.length <= INLINE_MAX_BYTES {
+        // reader. Large READs become tasks, so their copies run on other workers in parallel
+        // with the reader (inline 1 MiB reads measured slower), as does anything that has to
+        // wait. A WRITE's payload was just received by this thread, so a device that takes it
+        // at once copies it while it is still in this core's cache (1 MiB QD8 writes to a
+        // one-member array on tmpfs, the two variants side by side: 5.2-5.5 -> 5.7-6.3 GB/s).
+        let ready = if header.length <= INLINE_MAX_BYTES || header.command == cmd::WRITE {
             match task.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
                 Poll::Ready(outgoing) => Some(outgoing),
                 Poll::Pending => None,
