@@ -102,10 +102,8 @@ impl<O: FileOps> FileMember<O> {
         let mut done = 0;
         while done < data.len() {
             let end = data.len().min(done + MAX_OP_BYTES);
-            match crate::sync_ops::write_slice(&file, offset_bytes + done as u64, &data[done..end])? {
-                n if n > 0 && (done + n == data.len() || (done + n).is_multiple_of(align)) => done += n,
-                _ => return Err(self.short_io(io::ErrorKind::WriteZero, offset_bytes, done, data.len())),
-            }
+            let n = crate::sync_ops::write_slice(&file, offset_bytes + done as u64, &data[done..end])?;
+            done = self.advance(io::ErrorKind::WriteZero, offset_bytes, done..end, data.len(), n)?;
         }
         drop(file);
         if fua {
@@ -129,20 +127,31 @@ impl<O: FileOps> FileMember<O> {
                 self.ops.read(file, at, buf, done..end).await
             };
             buf = back;
-            match res {
-                Ok(n) if n > 0 && n <= end - done => done += n,
-                Ok(n) => {
-                    debug_assert_eq!(n, 0, "transfer of more than asked");
-                    return (Err(self.short_io(short_kind, offset_bytes, done, len)), buf);
-                }
+            match res.and_then(|n| self.advance(short_kind, offset_bytes, done..end, len, n)) {
+                Ok(next) => done = next,
                 Err(e) => return (Err(e), buf),
-            }
-            if done < len && !done.is_multiple_of(self.file.align_bytes()) {
-                // A short O_DIRECT transfer ends at end of file; continuing would be misaligned.
-                return (Err(self.short_io(short_kind, offset_bytes, done, len)), buf);
             }
         }
         (Ok(()), buf)
+    }
+
+    /// Accepts a transfer of `n` bytes of the piece `piece` of a `len`-byte I/O at
+    /// `offset_bytes`: the new count of bytes done, or the short-I/O error when nothing moved
+    /// or a short O_DIRECT transfer ended at end of file (continuing would be misaligned).
+    fn advance(
+        &self,
+        kind: io::ErrorKind,
+        offset_bytes: u64,
+        piece: std::ops::Range<usize>,
+        len: usize,
+        n: usize,
+    ) -> io::Result<usize> {
+        debug_assert!(n <= piece.len(), "transfer of more than asked");
+        let done = piece.start + n;
+        if n == 0 || n > piece.len() || (done < len && !done.is_multiple_of(self.file.align_bytes())) {
+            return Err(self.short_io(kind, offset_bytes, done.min(piece.end), len));
+        }
+        Ok(done)
     }
 
     fn short_io(&self, kind: io::ErrorKind, offset_bytes: u64, done: usize, len: usize) -> io::Error {

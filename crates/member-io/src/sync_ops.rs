@@ -16,11 +16,10 @@ pub(crate) fn read(file: &FileRef, offset_bytes: u64, mut buf: AlignedBuf, range
 }
 
 pub(crate) fn write(file: &FileRef, offset_bytes: u64, buf: AlignedBuf, range: Range<usize>) -> TransferResult {
-    let res = retry_eintr(|| file.file().as_file().write_at(&buf.as_slice()[range.clone()], offset_bytes));
-    (res, buf)
+    (write_slice(file, offset_bytes, &buf.as_slice()[range]), buf)
 }
 
-/// `pwrite` of a borrowed slice (the inline engine's copy-free writes).
+/// `pwrite` of a borrowed slice (also the inline engine's copy-free writes).
 pub(crate) fn write_slice(file: &FileRef, offset_bytes: u64, data: &[u8]) -> io::Result<usize> {
     retry_eintr(|| file.file().as_file().write_at(data, offset_bytes))
 }

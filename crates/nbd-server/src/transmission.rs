@@ -625,6 +625,7 @@ async fn write_batch<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: 
         }
     }
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(pieces.len() + 4);
+    let mut sent_files = 0usize;
     for piece in &pieces {
         match *piece {
             Piece::Scratch(start, end) => slices.push(IoSlice::new(&scratch[start..end])),
@@ -638,11 +639,17 @@ async fn write_batch<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: 
             }
             // What is queued goes out first, in the same call.
             Piece::File(range) => {
+                sent_files += slices.iter().map(|s| s.len()).sum::<usize>() + range.len as usize;
                 writer.write_then_send_file(&mut slices, range).await?;
                 slices.clear();
             }
         }
     }
+    debug_assert_eq!(
+        sent_files + slices.iter().map(|s| s.len()).sum::<usize>(),
+        batch.iter().map(|o| o.reply.wire_len()).sum::<usize>(),
+        "the batch's pieces cover its replies exactly"
+    );
     write_all_vectored(writer, &mut slices).await?;
     Ok(())
 }

@@ -143,7 +143,7 @@ impl MemoryMember {
         f(&mut self.data.lock().expect("memory member lock"))
     }
 
-    fn write_now(&self, offset_bytes: u64, data: &[u8], _fua: bool) -> io::Result<()> {
+    fn write_now(&self, offset_bytes: u64, data: &[u8]) -> io::Result<()> {
         let r = self.range(offset_bytes, data.len() as u64)?;
         self.data.lock().expect("memory member lock")[r].copy_from_slice(data);
         Ok(())
@@ -176,13 +176,13 @@ impl Member for MemoryMember {
         Box::pin(std::future::ready((res, buf)))
     }
 
-    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        let res = self.write_now(offset_bytes, buf.as_slice(), fua);
+    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, _fua: bool) -> IoFuture<'_, BufResult> {
+        let res = self.write_now(offset_bytes, buf.as_slice());
         Box::pin(std::future::ready((res, buf)))
     }
 
-    fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
-        Box::pin(std::future::ready(self.write_now(offset_bytes, data, fua)))
+    fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], _fua: bool) -> IoFuture<'a, io::Result<()>> {
+        Box::pin(std::future::ready(self.write_now(offset_bytes, data)))
     }
 
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
