@@ -61,6 +61,21 @@ fn warn_fallback_once(e: &UringUnavailable) {
     });
 }
 
+/// The engine `open_member` starts `path` on: under `Auto` (and no `RAIDNBD_IO`), inline for
+/// a regular file in memory, otherwise what `resolve_engine` decides. (If io_uring's
+/// thread cannot start, `open_member` still falls back to the thread pool and logs it.)
+pub fn engine_for(path: &Path, options: &OpenOptions) -> Result<EngineKind> {
+    let requested = match options.engine {
+        IoEngine::Auto => IoEngine::from_env()?.unwrap_or(IoEngine::Auto),
+        explicit => explicit,
+    };
+    if requested == IoEngine::Auto && is_memory_backed(path) {
+        Ok(EngineKind::Inline)
+    } else {
+        resolve_engine(requested)
+    }
+}
+
 /// Opens one member (regular file or block device) on the engine `options` select.
 ///
 /// A file in memory (tmpfs, ramfs) is opened buffered under `DirectMode::Auto`: O_DIRECT
@@ -68,13 +83,8 @@ fn warn_fallback_once(e: &UringUnavailable) {
 /// rule, so the inline engine can write a client's bytes where they lie.
 pub fn open_member(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Member>> {
     let path = path.as_ref();
-    let requested = match options.engine {
-        IoEngine::Auto => IoEngine::from_env()?.unwrap_or(IoEngine::Auto),
-        explicit => explicit,
-    };
     let in_memory = is_memory_backed(path);
-    let mut engine =
-        if requested == IoEngine::Auto && in_memory { EngineKind::Inline } else { resolve_engine(requested)? };
+    let mut engine = engine_for(path, options)?;
     let options = &OpenOptions {
         direct: if in_memory && options.direct == DirectMode::Auto { DirectMode::Off } else { options.direct },
         ..options.clone()

@@ -36,7 +36,7 @@ mod throttle;
 mod uring;
 
 pub use error::{MemberIoError, Result};
-pub use factory::{open_member, resolve_engine};
+pub use factory::{engine_for, open_member, resolve_engine};
 pub use fault::{FaultControl, FaultOps, Faulty};
 pub use file_member::{InlineMember, ThreadPoolMember, UringMember};
 pub use member_file::create_sparse_file;
