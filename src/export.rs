@@ -4,6 +4,10 @@
 //! errors become NBD errors. Read data is handed to the server as the member buffers
 //! themselves (`Bytes::from_owner`), so reads are not copied again on their way out.
 //!
+//! Reads over [`SEND_FILE_ABOVE_BYTES`] that the array can answer in place (members that are
+//! files in memory, a level without parity, healthy copies: `Array::read_in_place`) are
+//! handed over as file ranges, which the server sends with `sendfile`.
+//!
 //! With `serve --cache writeback` every request goes through the array's one shared
 //! [`WriteCache`] instead (one per array, so a FLUSH on any connection covers writes made on
 //! all of them and multi-conn stays safe).
@@ -12,7 +16,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use nbd_server::device::{
-    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, ReadChunk, ZeroFlags,
+    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, FileRange, ReadChunk,
+    SEND_FILE_ABOVE_BYTES, ZeroFlags,
 };
 use nbd_server::protocol::consts::MAX_PAYLOAD_BYTES;
 use raid_core::engine::Array;
@@ -71,6 +76,18 @@ impl BlockDevice for ArrayDevice {
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         Box::pin(async move {
+            if self.cache.is_none()
+                && len > SEND_FILE_ABOVE_BYTES
+                && let Some(extents) = self.array.read_in_place(offset, len as usize).map_err(to_device_error)?
+            {
+                return Ok(extents
+                    .into_iter()
+                    .map(|e| {
+                        let len = u32::try_from(e.len_bytes).expect("an extent is part of one request");
+                        ReadChunk::File(FileRange { file: e.file, offset: e.offset_bytes, len })
+                    })
+                    .collect());
+            }
             let data = match &self.cache {
                 Some(cache) => cache.read(offset, len as usize).await,
                 None => self.array.read(offset, len as usize).await,

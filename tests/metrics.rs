@@ -328,6 +328,7 @@ fn raid5_metrics_follow_client_io_member_failure_and_rebuild() {
     assert_eq!(delta("raidnbd_export_written_bytes_total", &ex), (3 * STRIPE) as f64);
     assert_eq!(delta("raidnbd_export_read_bytes_total", &ex), (3 * STRIPE) as f64);
     assert_eq!(delta("raidnbd_export_zeroed_bytes_total", &ex), (4 * STRIPE + 65536) as f64);
+    assert_eq!(delta("raidnbd_export_read_in_place_bytes_total", &ex), 0.0, "RAID5 reads go through the engine");
     assert_eq!(after.get("raidnbd_export_requests_in_flight", &ex), 0.0);
     assert!(delta("raidnbd_export_request_duration_seconds_sum", &cmd("write")) > 0.0);
     // Every member took part: a chunk of data or parity of each stripe written, data read.
@@ -386,6 +387,65 @@ fn raid5_metrics_follow_client_io_member_failure_and_rebuild() {
     // The dead member left its role; its counters stay.
     let gone = whole.sum("raidnbd_member_errors_total", &[("member", &path("m1")), ("role", "none")]);
     assert!(gone >= 1.0, "m1 keeps its errors under role \"none\"");
+    served.stop();
+}
+
+/// Runs qemu-io commands (`write -P`, `read -P`: the read fails on any wrong byte).
+fn qemu_io(uri: &str, commands: &[&str]) {
+    require_tool("qemu-io", "qemu-utils");
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    run_ok(cmd.arg(uri));
+}
+
+/// A RAID1 whose members are files in /dev/shm answers large reads straight from the member
+/// files (sendfile): the bytes are right, the in-place counter shows it, and a failed
+/// member, a member being rebuilt and the write-back cache never let stale bytes through.
+#[test]
+fn raid1_in_memory_sends_reads_from_member_files_and_never_stale_ones() {
+    let dir = tempfile::Builder::new().prefix("raidnbd-e2e").tempdir_in("/dev/shm").expect("/dev/shm");
+    let d = dir.path();
+    let members = ["m0", "m1"];
+    assert_ok(&raidnbd(d, &[&["create", "--level", "1", "--size", "32M"][..], &members].concat()));
+    std::fs::write(d.join("spare"), vec![0u8; 32 << 20]).unwrap();
+    let path = |name: &str| std::fs::canonicalize(d.join(name)).unwrap().to_string_lossy().into_owned();
+    let socket = d.join("control.sock");
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let extra = ["--control", socket.to_str().unwrap(), "--metrics", &metrics_addr];
+    let served = Served::start(d, "a", &extra, &members);
+    let uri = served.uri("a");
+    let ex = [("export", "a")];
+    let in_place = || scrape_checked(metrics_port).get("raidnbd_export_read_in_place_bytes_total", &ex);
+
+    qemu_io(&uri, &["write -P 0x11 0 16M", "read -P 0x11 0 16M", "read -P 0x11 1M 64K"]);
+    assert_eq!(in_place(), (16 << 20) as f64, "the 16 MiB read in place, the 64 KiB one copied");
+
+    // m0 fails; new data goes to m1 only, so m0's file is stale from here on.
+    ctl(d, &socket, &["fail", &path("m0")]);
+    qemu_io(&uri, &["write -P 0x22 0 16M", "read -P 0x22 0 16M"]);
+    assert_eq!(in_place(), (32 << 20) as f64);
+
+    // A spare rebuilds slowly: reads during recovery come from the in-sync copy where the
+    // spare has no data yet (its file still holds zeros there).
+    ctl(d, &socket, &["rebuild-speed", "1M", "1M"]);
+    ctl(d, &socket, &["remove", &path("m0")]);
+    ctl(d, &socket, &["add", &path("spare")]);
+    wait_for(metrics_port, "recovery to start", |m| {
+        m.get("raidnbd_array_maintenance_running", &[("export", "a"), ("kind", "recovery")]) == 1.0
+    });
+    qemu_io(&uri, &["read -P 0x22 0 16M", "read -P 0x22 8M 4M"]);
+    assert_eq!(in_place(), (52 << 20) as f64);
+    served.stop();
+
+    // Behind a write-back cache, data not yet on the members is read from the cache.
+    let served = Served::start(d, "a", &[&extra[..], &["--cache", "writeback"]].concat(), &["m1", "spare"]);
+    let before = in_place();
+    qemu_io(&served.uri("a"), &["write -P 0x33 0 16M", "read -P 0x33 0 16M"]);
+    assert_eq!(in_place(), before, "no in-place reads behind the cache");
     served.stop();
 }
 

@@ -228,6 +228,13 @@ impl Collector for ScrapeCollector {
         )?;
         family(
             enc,
+            "export_read_in_place_bytes",
+            "Bytes of export_read_bytes sent straight from member files in memory (sendfile).",
+            MetricType::Counter,
+            exports.iter().map(|e| (export_label(&e.name), counter(e.requests.read_in_place_bytes()))),
+        )?;
+        family(
+            enc,
             "export_written_bytes",
             "Bytes written by NBD clients (WRITE payloads).",
             MetricType::Counter,

@@ -7,6 +7,7 @@
 //! counting where it left off. Labels (export, role) are attached at scrape time, because a
 //! member's role changes (a spare becomes a role, a replacement takes one over).
 
+use std::fs::File;
 use std::io;
 use std::time::Instant;
 
@@ -109,6 +110,18 @@ impl<M: Member> Member for MeteredMember<M> {
         self.metered_buf(MemberOp::Write, self.inner.write_at(offset_bytes, buf, fua))
     }
 
+    fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
+        self.metered(MemberOp::Write, data.len() as u64, self.inner.write_slice_at(offset_bytes, data, fua))
+    }
+
+    /// An in-place read is counted as a read when it is handed out (it cannot fail later
+    /// short of the file shrinking, which ends the client's connection).
+    fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
+        let file = self.inner.memory_file(offset_bytes, len_bytes)?;
+        self.stats.op(MemberOp::Read).record(Instant::now(), true, len_bytes);
+        Some(file)
+    }
+
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
         self.metered(MemberOp::Flush, 0, self.inner.flush())
     }
@@ -145,9 +158,23 @@ mod tests {
         m.write_zeroes(0, 512).await.unwrap();
         let read = stats.op(MemberOp::Read);
         assert_eq!((read.completed(), read.errors(), read.bytes()), (2, 1, 4096));
-        assert_eq!(stats.op(MemberOp::Write).bytes(), 8192);
+        m.write_slice_at(8192, &[7u8; 1024], false).await.unwrap();
+        assert_eq!(stats.op(MemberOp::Write).bytes(), 8192 + 1024);
         assert_eq!(stats.op(MemberOp::Flush).completed(), 1);
         assert_eq!(stats.op(MemberOp::Discard).bytes(), 4096);
         assert_eq!(stats.op(MemberOp::WriteZeroes).bytes(), 512);
+    }
+
+    #[test]
+    fn in_place_reads_count_as_reads() {
+        let shm = tempfile::NamedTempFile::new_in("/dev/shm").expect("/dev/shm");
+        shm.as_file().set_len(64 << 10).unwrap();
+        let stats = Arc::new(MemberStats::default());
+        let inner = member_io::open_member(shm.path(), &member_io::OpenOptions::default()).unwrap();
+        let m = MeteredMember::new(inner, stats.clone());
+        assert!(m.memory_file(4096, 8192).is_some(), "a tmpfs member reads in place");
+        assert!(m.memory_file(60 << 10, 8192).is_none(), "not past its end");
+        let read = stats.op(MemberOp::Read);
+        assert_eq!((read.completed(), read.bytes()), (1, 8192));
     }
 }

@@ -17,6 +17,8 @@
 //!   fallocate zeroes through the block layer (write-zeroes / zero pages), like BLKZEROOUT.
 //! - Read-only members fail writes, discards and zeroing with EROFS.
 //! - A member whose file is unlinked while open keeps working (the fd pins the inode).
+//! - `memory_file`: a buffered regular file on tmpfs/ramfs hands out its `File` for
+//!   in-place reads (any engine; in range only); O_DIRECT files and devices never do.
 
 use std::io;
 use std::path::Path;
@@ -290,6 +292,11 @@ macro_rules! file_member_type {
                 fua: bool,
             ) -> IoFuture<'a, io::Result<()>> {
                 Box::pin(self.inner.write_slice(offset_bytes, data, fua))
+            }
+            fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<std::fs::File>> {
+                let file = self.inner.file.memory_file()?;
+                check_range(self.inner.file.name(), self.inner.file.len_bytes(), offset_bytes, len_bytes).ok()?;
+                Some(Arc::clone(file))
             }
             fn flush(&self) -> IoFuture<'_, io::Result<()>> {
                 Box::pin(self.inner.flush())

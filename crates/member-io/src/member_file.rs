@@ -30,18 +30,21 @@ use raid_core::buf::BUF_ALIGN;
 
 use crate::dio_align::{self, DioAlign};
 use crate::error::{MemberIoError, Result};
+use crate::inline::is_memory_backed;
 use crate::options::DirectMode;
 
 /// An open member device and what we know about it.
 #[derive(Debug)]
 pub(crate) struct MemberFile {
-    file: File,
+    file: Arc<File>,
     name: String,
     is_block_device: bool,
     len_bytes: u64,
     direct: bool,
     align_bytes: usize,
     read_only: bool,
+    /// A buffered regular file on tmpfs/ramfs: its page cache is the storage.
+    in_memory: bool,
     in_flight_ops: AtomicUsize,
     /// Set once `fallocate(PUNCH_HOLE)` returned EOPNOTSUPP, so we stop asking.
     pub(crate) punch_hole_unsupported: AtomicBool,
@@ -72,6 +75,10 @@ impl MemberFile {
     }
     pub(crate) fn is_read_only(&self) -> bool {
         self.read_only
+    }
+    /// The file, if it is a buffered file in memory whose bytes may be read in place.
+    pub(crate) fn memory_file(&self) -> Option<&Arc<File>> {
+        self.in_memory.then_some(&self.file)
     }
     /// Requests (including cancelled ones) the kernel or a worker still holds.
     pub(crate) fn in_flight_ops(&self) -> usize {
@@ -145,14 +152,16 @@ pub(crate) fn open_member_file(path: &Path, direct: DirectMode, read_only: bool)
         meta.len()
     };
     debug_assert!(align_bytes.is_power_of_two() && align_bytes <= BUF_ALIGN);
+    let in_memory = !is_block_device && !direct && is_memory_backed(path);
     Ok(MemberFile {
-        file,
+        file: Arc::new(file),
         name: path.display().to_string(),
         is_block_device,
         len_bytes,
         direct,
         align_bytes,
         read_only,
+        in_memory,
         in_flight_ops: AtomicUsize::new(0),
         punch_hole_unsupported: AtomicBool::new(false),
         zero_range_unsupported: AtomicBool::new(false),

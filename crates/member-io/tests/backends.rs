@@ -162,6 +162,38 @@ fn auto_runs_files_in_memory_inline_and_others_on_threads() {
     );
 }
 
+/// Files in memory (buffered) offer their `File` for in-place reads, on every engine and
+/// only in range; files on disk, O_DIRECT files and the wrappers never do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_files_offer_in_place_reads() {
+    use std::os::unix::fs::FileExt;
+    require_uring();
+    let shm = tempfile::tempdir_in("/dev/shm").expect("/dev/shm");
+    let path = sparse_file(shm.path(), "m", MIN_MEMBER_BYTES);
+    for engine in [IoEngine::Auto, IoEngine::Inline, IoEngine::Threads, IoEngine::Uring] {
+        let m = open_member(&path, &OpenOptions { engine, ..OpenOptions::default() }).unwrap();
+        let data = vec![0xA5u8; 8192];
+        m.write_slice_at(1 << 20, &data, false).await.unwrap();
+        let file = m.memory_file(1 << 20, 8192).unwrap_or_else(|| panic!("{engine:?}: tmpfs file in place"));
+        let mut back = vec![0u8; 8192];
+        file.read_exact_at(&mut back, 1 << 20).unwrap();
+        assert!(back == data, "{engine:?}: the file holds the member's bytes at member offsets");
+        assert!(m.memory_file(MIN_MEMBER_BYTES - 4096, 8192).is_none(), "{engine:?}: not past the end");
+    }
+    let direct = InlineMember::open(&path, DirectMode::On, false);
+    if let Ok(direct) = direct {
+        assert!(direct.is_direct() && direct.memory_file(0, 4096).is_none(), "O_DIRECT files read through the engine");
+    }
+    let inline = Arc::new(InlineMember::open(&path, DirectMode::Off, false).unwrap());
+    assert!(Faulty::new(Arc::clone(&inline), FaultControl::new()).memory_file(0, 4096).is_none());
+    let throttled = Throttled::new(Arc::clone(&inline), &ThrottleConfig { iops: Some(1000), ..Default::default() });
+    assert!(throttled.unwrap().memory_file(0, 4096).is_none());
+    let dir = scratch_dir();
+    assert_ext4(dir.path());
+    let on_disk = open_member(sparse_file(dir.path(), "m", MIN_MEMBER_BYTES), &OpenOptions::default()).unwrap();
+    assert!(on_disk.memory_file(0, 4096).is_none(), "ext4 files read through the engine");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_member() {
     run_all(Arc::new(MemoryMember::new("memory", MIN_MEMBER_BYTES)), InFlight::Synchronous).await;

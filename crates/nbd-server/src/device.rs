@@ -110,6 +110,11 @@ impl ReadChunk {
     }
 }
 
+/// Reads longer than this are worth answering with [`ReadChunk::File`] where a device can;
+/// shorter ones are cheaper copied into a reply the server batches with others (4 KiB to
+/// 1 MiB reads against nbdkit, `bench/vs-nbdkit.sh`).
+pub const SEND_FILE_ABOVE_BYTES: u32 = 128 * 1024;
+
 /// `len` bytes of `file` from `offset`, for [`ReadChunk::File`].
 ///
 /// Contract: the bytes are read when the reply is written, so a device returns this only

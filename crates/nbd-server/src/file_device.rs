@@ -32,7 +32,7 @@ use crate::buffer_pool;
 
 use crate::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,
-    ZeroFlags,
+    SEND_FILE_ABOVE_BYTES, ZeroFlags,
 };
 
 /// Block status stops after this many extents (the rest of the range is left undescribed,
@@ -254,7 +254,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
-        if self.send_file_reads && u64::from(len) > INLINE_COPY_MAX_BYTES {
+        if self.send_file_reads && len > SEND_FILE_ABOVE_BYTES {
             let range = FileRange { file: self.file.clone(), offset, len };
             return Box::pin(std::future::ready(Ok(vec![ReadChunk::File(range)])));
         }

@@ -27,6 +27,7 @@
 //! The futures are boxed so that `dyn Member` works: backends are chosen at run time
 //! (io_uring or thread pool, optionally wrapped by throttles or fault injectors).
 
+use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -66,6 +67,17 @@ pub trait Member: Send + Sync {
         Box::pin(async move { self.write_at(offset_bytes, buf, fua).await.0 })
     }
 
+    /// The open file whose page cache *is* this member's storage (tmpfs, ramfs), if the
+    /// bytes `[offset_bytes, offset_bytes + len_bytes)` may be read from it in place (sent
+    /// to a socket with `sendfile`) instead of through `read_at`; member offsets are file
+    /// offsets. Such a read never waits for a disk and cannot fail with a media error.
+    /// `None` (the default) for anything else, and from wrappers that must see every read
+    /// (throttles, fault injection).
+    fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
+        let _ = (offset_bytes, len_bytes);
+        None
+    }
+
     /// Makes all completed writes durable (fdatasync).
     fn flush(&self) -> IoFuture<'_, io::Result<()>>;
 
@@ -94,6 +106,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     }
     fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
         (**self).write_slice_at(offset_bytes, data, fua)
+    }
+    fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
+        (**self).memory_file(offset_bytes, len_bytes)
     }
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
         (**self).flush()

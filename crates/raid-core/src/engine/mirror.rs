@@ -9,7 +9,7 @@
 use futures::future::join_all;
 
 use super::io::{Piece, coalesce};
-use super::read_data::{ReadAssembler, ReadData};
+use super::read_data::{FileExtent, ReadAssembler, ReadData};
 use super::{Array, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
@@ -48,6 +48,44 @@ impl<M: Member + ?Sized> Array<M> {
                 .collect();
         }
         Err(RaidError::new(ErrorKind::Io, "read failed on every copy"))
+    }
+
+    /// Where the bytes `[offset_bytes, offset_bytes + len_bytes)` lie in member files held
+    /// in memory ([`Member::memory_file`]), in request order, when all of them do on
+    /// readable copies of a linear/raid0/raid1/raid10 array: the caller may send them
+    /// straight from those files (`sendfile`) instead of reading them. `Ok(None)` means
+    /// "read normally": a parity level, a copy not in memory, or a range no readable copy
+    /// holds (where `read` reports the error). The extents name the bytes at the time of
+    /// the call; a write racing the caller's use of them may or may not be seen, as for
+    /// any two requests in flight together.
+    pub fn read_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {
+        self.check_io(offset_bytes, len_bytes as u64, true)?;
+        if self.geometry.parity().is_some() {
+            return Ok(None);
+        }
+        let mut pieces = Vec::new();
+        let mut planned = vec![0u64; self.slots.len()];
+        let start_sector = offset_bytes / SECTOR_BYTES;
+        if self.plan_mirror_reads(start_sector, len_bytes as u64 / SECTOR_BYTES, 0, &mut planned, &mut pieces).is_err()
+        {
+            return Ok(None);
+        }
+        let mut extents: Vec<FileExtent> = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let Some(device) = self.slots[piece.role].device() else { return Ok(None) };
+            let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
+            let len = piece.sectors * SECTOR_BYTES;
+            let Some(file) = device.member.memory_file(at, len) else { return Ok(None) };
+            match extents.last_mut() {
+                Some(last) if std::sync::Arc::ptr_eq(&last.file, &file) && last.offset_bytes + last.len_bytes == at => {
+                    last.len_bytes += len;
+                }
+                _ => extents.push(FileExtent { file, offset_bytes: at, len_bytes: len }),
+            }
+        }
+        debug_assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64);
+        self.client_io_bytes.fetch_add(len_bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(extents))
     }
 
     /// Picks, for each piece of `[sector, sector + sectors)`, a readable copy: the one the

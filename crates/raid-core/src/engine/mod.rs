@@ -44,7 +44,7 @@ use futures::future::join_all;
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
-pub use read_data::{ReadData, Segment};
+pub use read_data::{FileExtent, ReadData, Segment};
 pub use scrub::ScrubCounts;
 pub use slot::{Device, RoleMember, SlotState};
 

@@ -2,6 +2,9 @@
 //! that make up the requested range, in order. Handing member buffers out as-is lets the
 //! NBD layer send them without copying.
 
+use std::fs::File;
+use std::sync::Arc;
+
 use crate::buf::AlignedBuf;
 
 /// A slice of one buffer of a [`ReadData`].
@@ -45,6 +48,15 @@ impl ReadData {
     pub fn into_parts(self) -> (Vec<AlignedBuf>, Vec<Segment>) {
         (self.bufs, self.segments)
     }
+}
+
+/// `len_bytes` of an array read that are, in place, bytes of a member file in memory
+/// (see [`crate::engine::Array::read_in_place`]).
+#[derive(Debug, Clone)]
+pub struct FileExtent {
+    pub file: Arc<File>,
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
 }
 
 /// Collects pieces of a read that complete out of order.
