@@ -16,7 +16,9 @@
 //! Everything else runs as a task whose reply goes through a channel to `write_loop`,
 //! which batches whatever is ready; a large reply (128 KiB and up) is written by its own
 //! task instead when the socket is free at that moment (one cross-thread hand-off less).
-//! All of them write whole batches under the same mutex, so replies never interleave on
+//! A large WRITE (128 KiB and up) is spawned and the reader then yields, so the write's
+//! copy runs on the core that received its payload while another worker goes on reading
+//! (`yield_to_the_spawned_task`). All of them write whole batches under the same mutex, so replies never interleave on
 //! the wire; their order is completion order. READ data that the device returned as a file
 //! range goes out with `sendfile` in the middle of a batch (`send_file.rs`).
 //!
@@ -56,8 +58,10 @@ use crate::protocol::request::{
 use crate::read_buffer::{discard, fill};
 use crate::send_file::{ReplySink, write_all_vectored};
 
-/// Requests up to this length may be executed inline by the reader (WRITEs at any length).
+/// Requests up to this length may be executed inline by the reader...
 const INLINE_MAX_BYTES: u32 = 128 * 1024;
+/// ... except WRITEs from this length on, which are handed off (`yield_to_the_spawned_task`).
+const HAND_OFF_WRITE_MIN_BYTES: u32 = 128 * 1024;
 /// Replies of at least this size are written by the request's own task when it can.
 const DIRECT_REPLY_MIN_BYTES: usize = 128 * 1024;
 /// The reader writes its collected replies once they hold this many bytes...
@@ -242,10 +246,9 @@ where
         // Fast path: a small request on a device that completes at once is answered by the
         // reader. Large READs become tasks, so their copies run on other workers in parallel
         // with the reader (inline 1 MiB reads measured slower), as does anything that has to
-        // wait. A WRITE's payload was just received by this thread, so a device that takes it
-        // at once copies it while it is still in this core's cache (1 MiB QD8 writes to a
-        // one-member array on tmpfs, the two variants side by side: 5.2-5.5 -> 5.7-6.3 GB/s).
-        let ready = if header.length <= INLINE_MAX_BYTES || header.command == cmd::WRITE {
+        // wait. Large WRITEs are handed off (below).
+        let hand_off = header.command == cmd::WRITE && header.length >= HAND_OFF_WRITE_MIN_BYTES;
+        let ready = if header.length <= INLINE_MAX_BYTES && !hand_off {
             match task.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
                 Poll::Ready(outgoing) => Some(outgoing),
                 Poll::Pending => None,
@@ -287,9 +290,36 @@ where
                     }
                     let _ = tx.send(outgoing);
                 });
+                if hand_off {
+                    local.flush(r.gate.shared).await?;
+                    yield_to_the_spawned_task().await;
+                }
             }
         }
     }
+}
+
+/// Lets the task just spawned run on this worker next, while the reader itself is queued
+/// where another worker can take it.
+///
+/// Why: a large WRITE's payload was just received on this core. Spawned from a worker, its
+/// task sits in that worker's LIFO slot, so it runs here next and copies the payload while it
+/// is still in this core's cache; meanwhile the reader, waking itself and returning
+/// `Pending`, is rescheduled at the back of the worker's queue and an idle worker is
+/// notified to steal it, so the next request is received on the other core in parallel
+/// with this copy. (Executed inline, receive and copy alternate on one core; spawned without
+/// yielding, the reader keeps the core and the copy is stolen by the other, cache-cold.)
+async fn yield_to_the_spawned_task() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
 }
 
 /// A request read off the wire, validated (or refused), holding its permits.

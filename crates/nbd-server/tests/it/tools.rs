@@ -155,9 +155,14 @@ fn fio_nbd_engine_with_crc32c_verify() {
     let fio = require_tool("fio", "fio");
     let server = TestServer::standard();
     let dir = tempfile::tempdir().unwrap();
-    for (export, rw, bs, depth) in
-        [("mem", "randwrite", "4k", "32"), ("file", "write", "64k", "8"), ("file", "randwrite", "16k", "16")]
-    {
+    // Small writes run in the reader; from 128 KiB on they are handed off to another task.
+    for (export, rw, bs, depth) in [
+        ("mem", "randwrite", "4k", "32"),
+        ("file", "write", "64k", "8"),
+        ("file", "randwrite", "16k", "16"),
+        ("mem", "randwrite", "256k", "16"),
+        ("file", "write", "1m", "8"),
+    ] {
         let out = run_ok(Command::new(&fio).current_dir(dir.path()).args([
             "--name=verify",
             "--ioengine=nbd",
