@@ -4,7 +4,7 @@
 //! errors become NBD errors. Read data is handed to the server as the member buffers
 //! themselves (`Bytes::from_owner`), so reads are not copied again on their way out.
 //!
-//! Reads over [`SEND_FILE_ABOVE_BYTES`] that the array can answer in place (members that are
+//! Reads of at least [`SEND_FILE_MIN_BYTES`] that the array can answer in place (members that are
 //! files in memory, a level without parity, healthy copies: `Array::read_in_place`) are
 //! handed over as file ranges, which the server sends with `sendfile`.
 //!
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use nbd_server::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, FileRange, ReadChunk,
-    SEND_FILE_ABOVE_BYTES, ZeroFlags,
+    SEND_FILE_MIN_BYTES, ZeroFlags,
 };
 use nbd_server::protocol::consts::MAX_PAYLOAD_BYTES;
 use raid_core::engine::Array;
@@ -77,7 +77,7 @@ impl BlockDevice for ArrayDevice {
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         Box::pin(async move {
             if self.cache.is_none()
-                && len > SEND_FILE_ABOVE_BYTES
+                && len >= SEND_FILE_MIN_BYTES
                 && let Some(extents) = self.array.read_in_place(offset, len as usize).map_err(to_device_error)?
             {
                 return Ok(extents

@@ -115,7 +115,9 @@ impl<M: Member> Member for MeteredMember<M> {
     }
 
     /// An in-place read is counted as a read when it is handed out (it cannot fail later
-    /// short of the file shrinking, which ends the client's connection).
+    /// short of the file shrinking, which ends the client's connection). In an array that
+    /// mixes members in memory with others, a read that then goes the normal way after all
+    /// is counted again by `read_at`.
     fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
         let file = self.inner.memory_file(offset_bytes, len_bytes)?;
         self.stats.op(MemberOp::Read).record(Instant::now(), true, len_bytes);

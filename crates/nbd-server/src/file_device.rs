@@ -5,7 +5,7 @@
 //! or forced with [`FileDevice::set_inline_io`]) it runs inline in the calling task, since
 //! there a syscall is a memory copy that never waits for a disk and the thread hand-off
 //! would cost more than the copy. Writes of any size run inline (1 MiB writes: 0.85-0.90x
-//! nbdkit through the pool, 0.98-1.15x inline; `bench/vs-nbdkit.sh`). Reads over 128 KiB
+//! nbdkit through the pool, 0.98-1.15x inline; `bench/vs-nbdkit.sh`). Reads of 128 KiB and more
 //! of a memory-backed file are not read at all: they return a [`FileRange`] that the
 //! server sends with `sendfile` (no copy through the server; 1 MiB reads went from
 //! 0.85-0.92x nbdkit with `pread` to ahead of it); [`FileDevice::set_send_file_reads`]
@@ -32,7 +32,7 @@ use crate::buffer_pool;
 
 use crate::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,
-    SEND_FILE_ABOVE_BYTES, ZeroFlags,
+    SEND_FILE_MIN_BYTES, ZeroFlags,
 };
 
 /// Block status stops after this many extents (the rest of the range is left undescribed,
@@ -110,7 +110,7 @@ impl FileDevice {
         self.inline_io
     }
 
-    /// Answers reads over 128 KiB with [`ReadChunk::File`] (sent by `sendfile` when the reply
+    /// Answers reads of 128 KiB and more with [`ReadChunk::File`] (sent by `sendfile` when the reply
     /// is written) instead of `pread` (`true` by default on memory-backed files). Only
     /// sound for a file whose pages are in memory and that nobody shrinks while it is
     /// served (see [`FileRange`]).
@@ -254,7 +254,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
-        if self.send_file_reads && len > SEND_FILE_ABOVE_BYTES {
+        if self.send_file_reads && len >= SEND_FILE_MIN_BYTES {
             let range = FileRange { file: self.file.clone(), offset, len };
             return Box::pin(std::future::ready(Ok(vec![ReadChunk::File(range)])));
         }
@@ -384,10 +384,11 @@ mod tests {
             }
             other => panic!("expected one file range, got {other:?}"),
         }
-        // At most 128 KiB, or with the feature off: read now.
+        // Under 128 KiB, or with the feature off: read now.
+        assert!(matches!(dev.read(4096, 128 << 10).await.unwrap().as_slice(), [ReadChunk::File(_)]));
         assert_eq!(
-            dev.read(4096, 128 << 10).await.unwrap(),
-            vec![ReadChunk::Data(Bytes::from(data[..128 << 10].to_vec()))]
+            dev.read(4096, 124 << 10).await.unwrap(),
+            vec![ReadChunk::Data(Bytes::from(data[..124 << 10].to_vec()))]
         );
         dev.set_send_file_reads(false);
         assert_eq!(dev.read(4096, 256 << 10).await.unwrap(), vec![ReadChunk::Data(Bytes::from(data.clone()))]);

@@ -18,9 +18,10 @@
 //! task instead when the socket is free at that moment (one cross-thread hand-off less).
 //! A large WRITE (128 KiB and up) is spawned and the reader then yields, so the write's
 //! copy runs on the core that received its payload while another worker goes on reading
-//! (`yield_to_the_spawned_task`). All of them write whole batches under the same mutex, so replies never interleave on
-//! the wire; their order is completion order. READ data that the device returned as a file
-//! range goes out with `sendfile` in the middle of a batch (`send_file.rs`).
+//! (`yield_to_the_spawned_task`). All of them write whole batches under the same mutex, so
+//! replies never interleave on the wire; their order is completion order. READ data that
+//! the device returned as a file range goes out with `sendfile` in the middle of a batch
+//! (`send_file.rs`).
 //!
 //! Bounds: a request first takes a per-connection slot (at most
 //! `max_requests_per_connection` in flight; when none is free the socket is not read, so

@@ -805,7 +805,7 @@ async fn file_ranges_are_sent_whole_or_the_connection_closes() {
     let data = pattern(11, 4 * MIB);
     std::fs::write(shm.path(), &data).unwrap();
     let device = nbd_server::FileDevice::open(shm.path(), false).unwrap();
-    assert!(device.send_file_reads(), "tmpfs reads over 128 KiB go out with sendfile");
+    assert!(device.send_file_reads(), "tmpfs reads of 128 KiB and more go out with sendfile");
     let server = ServerHandle::start(vec![Export::new("shm", Arc::new(device))], ServerConfig::default()).await;
 
     // Pipelined large (sendfile) and small (pread) reads, both framings: every reply whole.

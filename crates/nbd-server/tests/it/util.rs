@@ -28,7 +28,7 @@ pub struct StandardDevices {
 /// `mem` 64 MiB (first, so the default export), `ro` 1 MiB read-only with pattern 9,
 /// `bad` 1 MiB with injected errors, `aligned` 1 MiB with 4 KiB minimum block, a stripe
 /// of 3 x 64 KiB as preferred block and a 64 KiB device payload limit, `file` 16 MiB file
-/// (reads over 128 KiB sent with `sendfile`).
+/// (reads of 128 KiB and more sent with `sendfile`).
 pub async fn standard_exports(dir: &Path) -> (Vec<Export>, StandardDevices) {
     let mem = Arc::new(MemoryDevice::new(64 << 20));
     let ro = Arc::new(MemoryDevice::new(1 << 20).read_only(true));

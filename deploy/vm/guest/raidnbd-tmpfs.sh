@@ -1,0 +1,101 @@
+#!/bin/sh
+# Members that are files in memory: the kernel NBD client and ext4 over reads sent with sendfile.
+# raidnbd serves a RAID1 of two 32 MiB files on a guest tmpfs; reads of 128 KiB and more are answered
+# from the member files in place (their pages go to the socket with sendfile), which the
+# export's metrics count (busybox wget of --metrics):
+#  1. create, serve, nbd-client -C 2; mkfs.ext4, files, fsck clean; a whole-device digest with
+#     1 MiB O_DIRECT reads: the in-place counter grew by at least the device size;
+#  2. `ctl fail` of m0 (its file keeps the old data): new files; after dropping caches every
+#     file matches, fsck is clean, two digests agree and were read in place (from m1 only);
+#  3. a spare is added and rebuilt slowly (`ctl rebuild-speed`): while it recovers (its file is
+#     zeros beyond the recovery point) the digest and every file are still right;
+#  4. after the rebuild and an orderly stop, `raidnbd check` of m1 + spare: 0 mismatches.
+# rig-status: enabled
+# rig-needs: raidnbd
+# rig-timeout: 600
+. /guest/lib.sh
+S=/shm
+M=/mnt
+METRICS=127.0.0.1:9109
+rig_debug() {
+  raidnbd_ctl status 2>&1
+  echo "-- raidnbd log:"; tail -n 40 "$RAIDNBD_LOG" 2>/dev/null
+}
+in_place_bytes() { # the export's raidnbd_export_read_in_place_bytes_total
+  wget -q -O - "http://$METRICS/metrics" > /tmp/metrics.txt || fail "cannot fetch http://$METRICS/metrics"
+  v=$(sed -n 's/^raidnbd_export_read_in_place_bytes_total{export="rig"} \([0-9.e+]*\)$/\1/p' /tmp/metrics.txt)
+  [ -n "$v" ] || fail "no raidnbd_export_read_in_place_bytes_total in the metrics"
+  awk -v v="$v" 'BEGIN{printf "%.0f\n", v}'
+}
+expect_grew() { # BEFORE AFTER AT-LEAST WHAT
+  [ "$2" -ge $(($1 + $3)) ] || fail "$4: in-place read bytes went from $1 to $2 (expected +$3 at least)"
+  echo "ok: $4: $(($2 - $1)) bytes read in place"
+}
+role_state() { # MEMBER -> its state in ctl status --json
+  raidnbd_ctl status --json | awk -v m="\"$1\"" '$1 == "\"member\":" && $2 == m"," {f=1} f && $1 == "\"state\":" && !done {gsub(/[",]/, "", $2); print $2; done=1}'
+}
+
+step "tmpfs members, raidnbd create --level 1, modprobe nbd"
+run modprobe nbd nbds_max=4
+mkdir -p "$S" "$M"
+run mount -t tmpfs -o size=160M tmpfs "$S"
+for f in m0 m1 spare; do run truncate -s 32M "$S/$f.img"; done
+run raidnbd create --level 1 "$S/m0.img" "$S/m1.img"
+
+step "serve, nbd-client -C 2, mkfs.ext4, files, fsck, digest read in place"
+raidnbd_serve --metrics "$METRICS" "$S/m0.img" "$S/m1.img"
+raidnbd_last_log | contains "engine.*inline" || fail "tmpfs members must run on the inline engine"
+nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 2
+# Requests of 128 KiB and more are read in place: the kernel sends up to max_sectors_kb (128 by
+# default), so whole-device O_DIRECT reads and readahead qualify.
+echo "nbd0 queue: max_sectors_kb $(cat /sys/block/nbd0/queue/max_sectors_kb)"
+SIZE=$(size_bytes /dev/nbd0)
+mkfs_ext4 /dev/nbd0
+run mount -t ext4 /dev/nbd0 "$M"
+fill_tree "$M/s1" 12 512 /tmp/s1.md5
+run umount "$M"
+fsck_clean /dev/nbd0
+before=$(in_place_bytes)
+D1=$(dev_digest /dev/nbd0)
+grep '^raidnbd_export_request' /tmp/metrics.txt | grep 'command="read"' | grep -v bucket | head -n 4
+expect_grew "$before" "$(in_place_bytes)" "$SIZE" "digest D1"
+
+step "ctl fail m0, new files, verify from m1"
+run raidnbd_ctl fail "$S/m0.img"
+expect_eq "$(role_state "$S/m0.img")" faulty "state of m0 after ctl fail"
+run mount -t ext4 /dev/nbd0 "$M"
+fill_tree "$M/s2" 12 512 /tmp/s2.md5
+run umount "$M"
+drop_caches
+run mount -t ext4 -o ro /dev/nbd0 "$M"
+verify_tree "$M/s1" /tmp/s1.md5
+verify_tree "$M/s2" /tmp/s2.md5
+run umount "$M"
+fsck_clean /dev/nbd0
+before=$(in_place_bytes)
+D2=$(dev_digest /dev/nbd0)
+[ "$D2" != "$D1" ] || fail "the new files did not change the digest"
+expect_eq "$(dev_digest /dev/nbd0)" "$D2" "second digest while degraded"
+expect_grew "$before" "$(in_place_bytes)" $((2 * SIZE)) "two digests while degraded"
+
+step "add a spare, reads while it recovers slowly"
+run raidnbd_ctl rebuild-speed 1M 1M
+run raidnbd_ctl remove "$S/m0.img"
+run raidnbd_ctl add "$S/spare.img"
+expect_eq "$(role_state "$S/spare.img")" recovering "state of the spare"
+expect_eq "$(dev_digest /dev/nbd0)" "$D2" "digest while recovering"
+drop_caches
+run mount -t ext4 -o ro /dev/nbd0 "$M"
+verify_tree "$M/s1" /tmp/s1.md5
+verify_tree "$M/s2" /tmp/s2.md5
+run umount "$M"
+expect_eq "$(role_state "$S/spare.img")" recovering "state of the spare after the reads"
+
+step "rebuild to the end, orderly stop, raidnbd check"
+run raidnbd_ctl rebuild-speed 100M 1G
+raidnbd_wait_idle 300
+expect_eq "$(dev_digest /dev/nbd0)" "$D2" "digest after the rebuild"
+nbd_detach /dev/nbd0
+raidnbd_stop
+run raidnbd check "$S/m1.img" "$S/spare.img" || fail "raidnbd check found mismatches (rc=$?)"
+echo "ok: raidnbd check of m1 + spare clean"
