@@ -18,7 +18,8 @@
 //! - Read-only members fail writes, discards and zeroing with EROFS.
 //! - A member whose file is unlinked while open keeps working (the fd pins the inode).
 //! - `memory_file`: a buffered regular file on tmpfs/ramfs hands out its `File` for
-//!   in-place reads (any engine; in range only); O_DIRECT files and devices never do.
+//!   in-place reads (any engine; in range, and only while the file still holds the range);
+//!   O_DIRECT files and devices never do.
 
 use std::io;
 use std::path::Path;
@@ -296,7 +297,10 @@ macro_rules! file_member_type {
             fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<std::fs::File>> {
                 let file = self.inner.file.memory_file()?;
                 check_range(self.inner.file.name(), self.inner.file.len_bytes(), offset_bytes, len_bytes).ok()?;
-                Some(Arc::clone(file))
+                // A file truncated under us: the normal read fails and the engine fails the
+                // member over; a range handed out would cut the client's connection instead.
+                let end = offset_bytes + len_bytes;
+                file.metadata().is_ok_and(|m| m.len() >= end).then(|| Arc::clone(file))
             }
             fn flush(&self) -> IoFuture<'_, io::Result<()>> {
                 Box::pin(self.inner.flush())

@@ -180,6 +180,13 @@ async fn in_memory_files_offer_in_place_reads() {
         assert!(back == data, "{engine:?}: the file holds the member's bytes at member offsets");
         assert!(m.memory_file(MIN_MEMBER_BYTES - 4096, 8192).is_none(), "{engine:?}: not past the end");
     }
+    // A file truncated under the member: the range it no longer holds reads the normal way
+    // (and fails there), the rest is still offered.
+    let shrunk = sparse_file(shm.path(), "shrunk", MIN_MEMBER_BYTES);
+    let m = open_member(&shrunk, &OpenOptions::default()).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&shrunk).unwrap().set_len(1 << 20).unwrap();
+    assert!(m.memory_file(0, 1 << 20).is_some());
+    assert!(m.memory_file(1 << 20, 4096).is_none(), "not what the file no longer holds");
     let direct = InlineMember::open(&path, DirectMode::On, false);
     if let Ok(direct) = direct {
         assert!(direct.is_direct() && direct.memory_file(0, 4096).is_none(), "O_DIRECT files read through the engine");

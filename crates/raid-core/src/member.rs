@@ -70,7 +70,8 @@ pub trait Member: Send + Sync {
     /// The open file whose page cache *is* this member's storage (tmpfs, ramfs), if the
     /// bytes `[offset_bytes, offset_bytes + len_bytes)` may be read from it in place (sent
     /// to a socket with `sendfile`) instead of through `read_at`; member offsets are file
-    /// offsets. Such a read never waits for a disk and cannot fail with a media error.
+    /// offsets. Such a read does not wait for a disk (short of swap) and cannot fail with a
+    /// media error.
     /// `None` (the default) for anything else, and from wrappers that must see every read
     /// (throttles, fault injection).
     fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
