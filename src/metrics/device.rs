@@ -107,7 +107,7 @@ impl MeteredDevice {
         &'a self,
         command: Command,
         bytes: u64,
-        request: DeviceFuture<'a, DeviceResult<T>>,
+        request: impl Future<Output = DeviceResult<T>> + Send + 'a,
     ) -> DeviceFuture<'a, DeviceResult<T>> {
         let started = Instant::now();
         let in_flight = InFlight::enter(&self.stats.in_flight);
@@ -127,17 +127,12 @@ impl BlockDevice for MeteredDevice {
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         let read = self.inner.read(offset, len);
-        self.metered(
-            Command::Read,
-            u64::from(len),
-            Box::pin(async move {
-                let chunks = read.await?;
-                let in_place: usize =
-                    chunks.iter().filter(|c| matches!(c, ReadChunk::File(_))).map(ReadChunk::len).sum();
-                self.stats.read_in_place_bytes.fetch_add(in_place as u64, Ordering::Relaxed);
-                Ok(chunks)
-            }),
-        )
+        self.metered(Command::Read, u64::from(len), async move {
+            let chunks = read.await?;
+            let in_place: usize = chunks.iter().filter(|c| matches!(c, ReadChunk::File(_))).map(ReadChunk::len).sum();
+            self.stats.read_in_place_bytes.fetch_add(in_place as u64, Ordering::Relaxed);
+            Ok(chunks)
+        })
     }
 
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {

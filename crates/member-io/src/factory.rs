@@ -65,15 +65,15 @@ fn warn_fallback_once(e: &UringUnavailable) {
 /// a regular file in memory, otherwise what `resolve_engine` decides. (If io_uring's
 /// thread cannot start, `open_member` still falls back to the thread pool and logs it.)
 pub fn engine_for(path: &Path, options: &OpenOptions) -> Result<EngineKind> {
+    choose_engine(options, is_memory_backed(path))
+}
+
+fn choose_engine(options: &OpenOptions, in_memory: bool) -> Result<EngineKind> {
     let requested = match options.engine {
         IoEngine::Auto => IoEngine::from_env()?.unwrap_or(IoEngine::Auto),
         explicit => explicit,
     };
-    if requested == IoEngine::Auto && is_memory_backed(path) {
-        Ok(EngineKind::Inline)
-    } else {
-        resolve_engine(requested)
-    }
+    if requested == IoEngine::Auto && in_memory { Ok(EngineKind::Inline) } else { resolve_engine(requested) }
 }
 
 /// Opens one member (regular file or block device) on the engine `options` select.
@@ -84,7 +84,7 @@ pub fn engine_for(path: &Path, options: &OpenOptions) -> Result<EngineKind> {
 pub fn open_member(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Member>> {
     let path = path.as_ref();
     let in_memory = is_memory_backed(path);
-    let mut engine = engine_for(path, options)?;
+    let mut engine = choose_engine(options, in_memory)?;
     let options = &OpenOptions {
         direct: if in_memory && options.direct == DirectMode::Auto { DirectMode::Off } else { options.direct },
         ..options.clone()

@@ -161,6 +161,9 @@ raidnbd_last_log() { # the log of the last start
 raidnbd_ctl() { # ARG...: raidnbd ctl on the running server's control socket
   raidnbd ctl --socket "$RAIDNBD_CTL" "$@"
 }
+raidnbd_role_state() { # MEMBER: its state in ctl status --json ("" if it has no role)
+  raidnbd_ctl status --json | awk -v m="\"$1\"" '$1 == "\"member\":" && $2 == m"," {f=1} f && $1 == "\"state\":" && !done {gsub(/[",]/, "", $2); print $2; done=1}'
+}
 raidnbd_status_json() { raidnbd_ctl status --json > /tmp/raidnbd-status.json && cat /tmp/raidnbd-status.json; }
 raidnbd_wait_idle() { # [SECONDS]: until no rebuild/resync/check runs or is pending (ctl status --json)
   rw_n=0

@@ -58,9 +58,6 @@ verify_writer() {
   cat $W/s*.md5 > /tmp/writer.md5
   verify_tree / /tmp/writer.md5
 }
-role_state() { # MEMBER: its state in ctl status --json ("" if it has no role)
-  raidnbd_ctl status --json | awk -v m="\"$1\"" '$1 == "\"member\":" && $2 == m"," {f=1} f && $1 == "\"state\":" && !done {gsub(/[",]/, "", $2); print $2; done=1}'
-}
 last_check_mismatches() { # from ctl status --json
   raidnbd_ctl status --json | awk '/"last_check"/ {f=1} f && /"mismatch_cnt"/ && !done {gsub(/[^0-9]/, ""); print; done=1}'
 }
@@ -82,7 +79,7 @@ WRITER_PID=$!
 wait_writes 40 # every slot file exists
 run raidnbd_ctl fail /dev/vdb
 raidnbd_ctl status
-expect_eq "$(role_state /dev/vdb)" faulty "state of /dev/vdb after ctl fail"
+expect_eq "$(raidnbd_role_state /dev/vdb)" faulty "state of /dev/vdb after ctl fail"
 raidnbd_status_json | contains '"state": "active, degraded' || fail "ctl status does not say degraded"
 wait_writes 15
 drop_caches
@@ -105,7 +102,7 @@ raidnbd_ctl status
 WRITES_DURING=$(( $(writer_count) - WRITES_BEFORE ))
 echo "ok: the writer wrote $WRITES_DURING slot files during the rebuild"
 [ "$WRITES_DURING" -gt 0 ] || fail "no write happened during the rebuild"
-for m in $REBUILT; do expect_eq "$(role_state "$m")" in_sync "state of $m after the rebuild"; done
+for m in $REBUILT; do expect_eq "$(raidnbd_role_state "$m")" in_sync "state of $m after the rebuild"; done
 run raidnbd_ctl rebuild-speed 1M 200M # md's defaults again, for the check below
 wait_writes 15
 

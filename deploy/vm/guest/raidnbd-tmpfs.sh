@@ -31,9 +31,6 @@ expect_grew() { # BEFORE AFTER AT-LEAST WHAT
   [ "$2" -ge $(($1 + $3)) ] || fail "$4: in-place read bytes went from $1 to $2 (expected +$3 at least)"
   echo "ok: $4: $(($2 - $1)) bytes read in place"
 }
-role_state() { # MEMBER -> its state in ctl status --json
-  raidnbd_ctl status --json | awk -v m="\"$1\"" '$1 == "\"member\":" && $2 == m"," {f=1} f && $1 == "\"state\":" && !done {gsub(/[",]/, "", $2); print $2; done=1}'
-}
 
 step "tmpfs members, raidnbd create --level 1, modprobe nbd"
 run modprobe nbd nbds_max=4
@@ -62,7 +59,7 @@ expect_grew "$before" "$(in_place_bytes)" "$SIZE" "digest D1"
 
 step "ctl fail m0, new files, verify from m1"
 run raidnbd_ctl fail "$S/m0.img"
-expect_eq "$(role_state "$S/m0.img")" faulty "state of m0 after ctl fail"
+expect_eq "$(raidnbd_role_state "$S/m0.img")" faulty "state of m0 after ctl fail"
 run mount -t ext4 /dev/nbd0 "$M"
 fill_tree "$M/s2" 12 512 /tmp/s2.md5
 run umount "$M"
@@ -84,7 +81,7 @@ run raidnbd_ctl rebuild-speed 128K 128K
 run raidnbd_ctl remove "$S/m0.img"
 run raidnbd_ctl add "$S/spare.img"
 n=0 # the worker assigns the spare and starts the recovery asynchronously
-until [ "$(role_state "$S/spare.img")" = recovering ]; do
+until [ "$(raidnbd_role_state "$S/spare.img")" = recovering ]; do
   n=$((n + 1)); [ "$n" -le 50 ] || { raidnbd_ctl status; fail "the spare is not recovering 10 s after ctl add"; }
   sleep 0.2
 done
@@ -95,7 +92,7 @@ run mount -t ext4 -o ro /dev/nbd0 "$M"
 verify_tree "$M/s1" /tmp/s1.md5
 verify_tree "$M/s2" /tmp/s2.md5
 run umount "$M"
-expect_eq "$(role_state "$S/spare.img")" recovering "state of the spare after the reads"
+expect_eq "$(raidnbd_role_state "$S/spare.img")" recovering "state of the spare after the reads"
 
 step "rebuild to the end, orderly stop, raidnbd check"
 run raidnbd_ctl rebuild-speed 100M 1G
