@@ -27,7 +27,8 @@
 //! - `handshake`: option haggling up to transmission; `transmission`: the pipelined
 //!   request/reply engine of one connection (a reader that answers ready requests itself,
 //!   tasks for the rest, batched vectored writes); `send_file`: [`ReplySink`], the write
-//!   half that sends file ranges with `sendfile`; `listener`: [`Server`], accept loop,
+//!   half that sends file ranges with `sendfile`; [`RequestSource`], the read half that
+//!   waits for whole WRITE payloads; `listener`: [`Server`], accept loop,
 //!   limits and shutdown.
 //! - [`buffer_pool`]: recycled large I/O buffers (no page faults on every 1 MiB read).
 //! - `config`: [`Export`], [`ServerConfig`]; `advertise`: flags and block sizes derived
@@ -52,6 +53,7 @@ pub mod fuzzing;
 mod handshake;
 mod listener;
 mod read_buffer;
+mod request_source;
 mod send_file;
 mod transmission;
 
@@ -65,5 +67,6 @@ pub use error::{Error, Result, device_errno};
 pub use file_device::FileDevice;
 pub use listener::{GenericStream, NbdListener, NbdStream, Server};
 pub use memory_device::MemoryDevice;
+pub use request_source::RequestSource;
 pub use send_file::ReplySink;
 pub use tokio_util::sync::CancellationToken;

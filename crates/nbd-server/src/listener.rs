@@ -34,13 +34,14 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 use crate::config::{Export, ServerConfig, validate_exports};
 use crate::error::{Error, Result};
 use crate::handshake::{Outcome, negotiate};
+use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
 use crate::transmission::{self, Transmission};
 
 /// A byte stream an NBD connection can run on, splittable into independent halves so
 /// that one task reads requests while another writes replies.
 pub trait NbdStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
-    type ReadHalf: AsyncRead + Unpin + Send + 'static;
+    type ReadHalf: RequestSource;
     type WriteHalf: ReplySink;
     fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf);
 }

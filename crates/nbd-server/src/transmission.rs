@@ -18,7 +18,8 @@
 //! task instead when the socket is free at that moment (one cross-thread hand-off less).
 //! A large WRITE (128 KiB and up) is spawned and the reader then yields, so the write's
 //! copy runs on the core that received its payload while another worker goes on reading
-//! (`yield_to_the_spawned_task`). All of them write whole batches under the same mutex, so
+//! (`yield_to_the_spawned_task`); its payload is received whole, not segment by segment
+//! (`request_source.rs`). All of them write whole batches under the same mutex, so
 //! replies never interleave on the wire; their order is completion order. READ data that
 //! the device returned as a file range goes out with `sendfile` in the middle of a batch
 //! (`send_file.rs`).
@@ -40,7 +41,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span};
@@ -57,6 +58,7 @@ use crate::protocol::request::{
     validate_request,
 };
 use crate::read_buffer::{discard, fill};
+use crate::request_source::RequestSource;
 use crate::send_file::{ReplySink, write_all_vectored};
 
 /// Requests up to this length may be executed inline by the reader...
@@ -65,6 +67,8 @@ const INLINE_MAX_BYTES: u32 = 128 * 1024;
 const HAND_OFF_WRITE_MIN_BYTES: u32 = 128 * 1024;
 /// Replies of at least this size are written by the request's own task when it can.
 const DIRECT_REPLY_MIN_BYTES: usize = 128 * 1024;
+/// A WRITE payload with at least this much still to come is received whole (`RequestSource`).
+const WAKE_FOR_PAYLOAD_MIN_BYTES: usize = 128 * 1024;
 /// The reader writes its collected replies once they hold this many bytes...
 const LOCAL_FLUSH_BYTES: usize = 256 * 1024;
 /// ... or this many replies.
@@ -130,7 +134,7 @@ impl LocalReplies {
 /// Runs transmission until the connection ends.
 pub(crate) async fn run<R, W>(reader: R, writer: W, read_buf: BytesMut, t: Transmission) -> Result<()>
 where
-    R: AsyncRead + Unpin + Send + 'static,
+    R: RequestSource,
     W: ReplySink,
 {
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
@@ -186,7 +190,7 @@ async fn read_loop<R, W>(
     tx: mpsc::UnboundedSender<Outgoing>,
 ) -> Result<()>
 where
-    R: AsyncRead + Unpin,
+    R: RequestSource,
     W: ReplySink,
 {
     let t = r.gate.t;
@@ -363,7 +367,7 @@ impl<W: ReplySink> Gate<'_, W> {
     }
 }
 
-impl<R: AsyncRead + Unpin, W: ReplySink> Reader<'_, R, W> {
+impl<R: RequestSource, W: ReplySink> Reader<'_, R, W> {
     /// Reads the next request. `Ok(None)` on a clean close between requests, shutdown or abort.
     /// Before any wait (socket data, permits), replies collected in `local` are written.
     async fn next_request(&mut self, limits: &ExportLimits, local: &mut LocalReplies) -> Result<Option<Incoming>> {
@@ -421,17 +425,29 @@ impl<R: AsyncRead + Unpin, W: ReplySink> Reader<'_, R, W> {
 }
 
 /// Reads a WRITE payload of `len` bytes into its own buffer: the buffered part is copied,
-/// the rest is read straight into a (pooled) payload buffer.
-async fn read_payload<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, len: usize) -> Result<Bytes> {
+/// the rest is read straight into a (pooled) payload buffer, whole if it is large
+/// (`RequestSource::set_wake_threshold`).
+async fn read_payload<R: RequestSource>(reader: &mut R, buf: &mut BytesMut, len: usize) -> Result<Bytes> {
     debug_assert!(buf.len() < len);
     let mut payload = buffer_pool::alloc(len);
     payload.extend_from_slice(buf);
     buf.clear();
+    let mut threshold = 1;
     while payload.len() < len {
-        let remaining = (len - payload.len()) as u64;
-        if (&mut *reader).take(remaining).read_buf(&mut payload).await? == 0 {
+        let remaining = len - payload.len();
+        let wanted = if remaining >= WAKE_FOR_PAYLOAD_MIN_BYTES { remaining } else { 1 };
+        if wanted != threshold {
+            reader.set_wake_threshold(wanted)?;
+            threshold = wanted;
+        }
+        // More than the payload's rest could wait for bytes the client never sends.
+        assert!(threshold <= remaining, "wake threshold {threshold} over the {remaining} bytes to come");
+        if (&mut *reader).take(remaining as u64).read_buf(&mut payload).await? == 0 {
             return Err(Error::UnexpectedEof);
         }
+    }
+    if threshold != 1 {
+        reader.set_wake_threshold(1)?;
     }
     debug_assert_eq!(payload.len(), len);
     Ok(buffer_pool::freeze(payload))
@@ -683,4 +699,96 @@ async fn write_batch<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: 
     );
     write_all_vectored(writer, &mut slices).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    use super::*;
+
+    /// A stream that delivers its bytes in the given pieces and checks every wake
+    /// threshold against the bytes it still holds (what a real client has committed to).
+    struct Pieces {
+        pieces: VecDeque<Vec<u8>>,
+        threshold: Mutex<usize>,
+        thresholds_set: Mutex<Vec<usize>>,
+    }
+
+    impl Pieces {
+        fn left(&self) -> usize {
+            self.pieces.iter().map(Vec::len).sum()
+        }
+    }
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let threshold = *self.threshold.lock().unwrap();
+            assert!(threshold <= self.left(), "reader waits for {threshold} bytes, only {} will come", self.left());
+            if let Some(mut piece) = self.pieces.pop_front() {
+                let n = piece.len().min(buf.remaining());
+                buf.put_slice(&piece[..n]);
+                if n < piece.len() {
+                    self.pieces.push_front(piece.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl RequestSource for Pieces {
+        fn set_wake_threshold(&self, bytes: usize) -> std::io::Result<()> {
+            *self.threshold.lock().unwrap() = bytes;
+            self.thresholds_set.lock().unwrap().push(bytes);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn payload_wake_thresholds_never_exceed_the_bytes_to_come() {
+        const KIB: usize = 1024;
+        let len = 1024 * KIB;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+        // (bytes already buffered, sizes of the first pieces; one more piece holds the rest)
+        let cases: [(usize, &[usize]); 6] = [
+            (0, &[len]),
+            (0, &[900 * KIB, 100 * KIB, 24 * KIB]), // a rest under the minimum after a big piece
+            (10 * KIB, &[64 * KIB; 15]),
+            (100 * KIB, &[1, 200 * KIB, 50 * KIB, 127 * KIB, 1]),
+            (900 * KIB, &[124 * KIB]), // less than the minimum to come: no threshold
+            (0, &[129 * KIB, 895 * KIB]),
+        ];
+        for (buffered, sizes) in cases {
+            let mut rest = &data[buffered..];
+            let mut pieces = VecDeque::new();
+            for &size in sizes {
+                let (piece, tail) = rest.split_at(size.min(rest.len()));
+                pieces.push_back(piece.to_vec());
+                rest = tail;
+            }
+            if !rest.is_empty() {
+                pieces.push_back(rest.to_vec());
+            }
+            let mut reader = Pieces { pieces, threshold: Mutex::new(1), thresholds_set: Mutex::new(Vec::new()) };
+            let mut buf = BytesMut::from(&data[..buffered]);
+            let payload = read_payload(&mut reader, &mut buf, len).await.unwrap();
+            assert!(payload[..] == data[..], "payload bytes in order");
+            assert!(buf.is_empty());
+            assert_eq!(*reader.threshold.lock().unwrap(), 1, "threshold restored for the next header");
+            let set = reader.thresholds_set.into_inner().unwrap();
+            if len - buffered >= WAKE_FOR_PAYLOAD_MIN_BYTES {
+                assert_eq!(set.first(), Some(&(len - buffered)), "waits for the whole rest at once");
+            } else {
+                assert!(set.is_empty(), "small rests are read as they come: {set:?}");
+            }
+        }
+    }
 }

@@ -798,6 +798,53 @@ async fn extended_headers_refused_then_qemu_10_style_fallback() {
     server.stop().await.unwrap();
 }
 
+/// Large WRITE payloads are received whole (the server asks the kernel not to wake it for
+/// less than the rest of the payload): whatever pieces and pauses they arrive in, each is
+/// answered without anything more being sent, and lands intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_write_payloads_arriving_in_pieces_are_answered() {
+    const KIB: usize = 1024;
+    let (server, _dir) = standard_server(ServerConfig::default()).await;
+    let mut c = Raw::connect(&server).await;
+    c.go("mem", false, None).await;
+    // (payload length, sizes of the first pieces; one more piece holds the rest). The
+    // header goes with the first piece.
+    let cases: [(usize, &[usize]); 6] = [
+        (1024 * KIB, &[0, 900 * KIB, 100 * KIB]), // header alone, then a rest under 128 KiB
+        (1024 * KIB, &[924 * KIB]),               // most at once, then a rest under 128 KiB
+        (1024 * KIB, &[10 * KIB, 1]),
+        (4096 * KIB, &[64 * KIB, 64 * KIB, 3000 * KIB]),
+        (128 * KIB, &[64 * KIB]),
+        (32 * 1024 * KIB, &[5000 * KIB, 20000 * KIB]), // the largest payload, over the kernel's cap
+    ];
+    let mut offset = 0u64;
+    for (i, (len, sizes)) in cases.into_iter().enumerate() {
+        let data = pattern(40 + i as u64, len);
+        let mut header = Vec::new();
+        header.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        header.extend_from_slice(&0u16.to_be_bytes());
+        header.extend_from_slice(&cmd::WRITE.to_be_bytes());
+        header.extend_from_slice(&(i as u64).to_be_bytes());
+        header.extend_from_slice(&offset.to_be_bytes());
+        header.extend_from_slice(&(len as u32).to_be_bytes());
+        let mut rest = &data[..];
+        for &size in sizes.iter().chain([&usize::MAX]) {
+            let (piece, tail) = rest.split_at(size.min(rest.len()));
+            c.send(&[std::mem::take(&mut header), piece.to_vec()].concat()).await;
+            rest = tail;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        let (error, cookie, _) = c.simple_reply(0).await;
+        assert_eq!((error, cookie), (0, i as u64), "case {i}: answered with nothing more sent");
+        for at in (0..len).step_by(1 << 20) {
+            let n = (len - at).min(1 << 20);
+            assert!(c.read_ok(offset + at as u64, n as u32).await == data[at..at + n], "case {i}: bytes at {at}");
+        }
+        offset += len as u64;
+    }
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_ranges_are_sent_whole_or_the_connection_closes() {
     const MIB: usize = 1 << 20;
