@@ -42,6 +42,9 @@ struct Args {
     /// Read large requests with `pread` even from tmpfs (default there: `sendfile`).
     #[arg(long)]
     no_send_file: bool,
+    /// Receive large writes into buffers even on tmpfs (default there: into a mapping).
+    #[arg(long)]
+    no_receive_in_place: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,6 +67,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 FileDevice::open(path, args.read_only).with_context(|| format!("opening {}", path.display()))?;
             if args.no_send_file {
                 file.set_send_file_reads(false);
+            }
+            if args.no_receive_in_place {
+                file.set_receive_writes_in_place(false);
             }
             Arc::new(file)
         }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::file_mapping::FileMapping;
 use crate::protocol::consts::MAX_PAYLOAD_BYTES;
 
 /// A boxed, sendable future returned by device operations.
@@ -140,6 +141,19 @@ impl PartialEq for FileRange {
 
 impl Eq for FileRange {}
 
+/// WRITEs of at least this length are worth receiving in place where a device offers it
+/// ([`BlockDevice::write_targets`]); for shorter ones the extra calls cost more than the
+/// copy they save.
+pub const RECEIVE_IN_PLACE_MIN_BYTES: u32 = 128 * 1024;
+
+/// `len` bytes of a mapped file from `offset`: where part of a WRITE's payload is received.
+#[derive(Clone)]
+pub struct WriteTarget {
+    pub mapping: Arc<FileMapping>,
+    pub offset: u64,
+    pub len: u32,
+}
+
 /// One `base:allocation` extent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
@@ -220,6 +234,27 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>>;
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>>;
+
+    /// Where the payload of a WRITE of `len` bytes at `offset` may be received straight
+    /// into, instead of being passed to [`write`](Self::write): pages of mapped files (in
+    /// memory), in request order, covering the request exactly. The server then receives the
+    /// bytes there and calls [`write_received`](Self::write_received). `None` (the default)
+    /// means "pass it to `write`"; so does an error (`write` then reports it). Asked only for
+    /// WRITEs of at least [`RECEIVE_IN_PLACE_MIN_BYTES`] whose payload is not yet received.
+    ///
+    /// Contract: whatever must happen before the bytes land (e.g. marking an array dirty) is
+    /// done when this returns; the write is complete once `write_received` returns. If the
+    /// connection fails mid-payload, part of the range may hold new bytes, as after any
+    /// write that was never answered.
+    fn write_targets(&self, _offset: u64, _len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Completes a WRITE whose payload was received into [`write_targets`](Self::write_targets);
+    /// with `fua` it is durable on return. The default flushes for `fua`.
+    fn write_received(&self, _offset: u64, _len: u32, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        if fua { self.flush() } else { Box::pin(std::future::ready(Ok(()))) }
+    }
 
     /// Prefetch hint; the default does nothing.
     fn cache(&self, _offset: u64, _len: u64) -> DeviceFuture<'_, DeviceResult<()>> {

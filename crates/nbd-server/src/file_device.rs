@@ -9,7 +9,10 @@
 //! of a memory-backed file are not read at all: they return a [`FileRange`] that the
 //! server sends with `sendfile` (no copy through the server; 1 MiB reads went from
 //! 0.85-0.92x nbdkit with `pread` to ahead of it); [`FileDevice::set_send_file_reads`]
-//! turns that off. Smaller reads use `pread`, whose replies the server batches. The syscalls are
+//! turns that off. Smaller reads use `pread`, whose replies the server batches. Likewise,
+//! WRITEs of 128 KiB and more to a memory-backed file are received straight into a shared
+//! mapping of it ([`FileMapping`], one copy instead of two; [`FileDevice::set_receive_writes_in_place`]
+//! turns that off). The syscalls are
 //! `pread`/`pwrite` (offset-explicit, so concurrent requests never share a file position),
 //! `fdatasync` for FLUSH and FUA, `fallocate` for TRIM (`PUNCH_HOLE`) and WRITE_ZEROES
 //! (`PUNCH_HOLE`, or with NO_HOLE `ZERO_RANGE`, falling back to punch + allocate and
@@ -24,7 +27,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
@@ -32,8 +35,9 @@ use crate::buffer_pool;
 
 use crate::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,
-    SEND_FILE_MIN_BYTES, ZeroFlags,
+    SEND_FILE_MIN_BYTES, WriteTarget, ZeroFlags,
 };
+use crate::file_mapping::FileMapping;
 
 /// Block status stops after this many extents (the rest of the range is left undescribed,
 /// which the protocol allows).
@@ -52,6 +56,10 @@ pub struct FileDevice {
     inline_io: bool,
     /// Answer large reads with file ranges sent by `sendfile` (memory-backed files only).
     send_file_reads: bool,
+    /// Offer large writes a mapping of the file to be received into (memory-backed only).
+    receive_writes_in_place: bool,
+    /// That mapping, made at the first such write (`None` if mapping failed).
+    mapping: OnceLock<Option<Arc<FileMapping>>>,
 }
 
 /// Whether `file` is a regular file living in memory (tmpfs, ramfs), where I/O syscalls
@@ -96,7 +104,14 @@ impl FileDevice {
         let size_bytes = handle.seek(SeekFrom::End(0))?;
         let info = DeviceInfo { read_only, ..DeviceInfo::full_featured(size_bytes, String::from("file")) };
         let inline_io = is_memory_backed(&file);
-        Ok(Self { file: Arc::new(file), info, inline_io, send_file_reads: inline_io })
+        Ok(Self {
+            file: Arc::new(file),
+            info,
+            inline_io,
+            send_file_reads: inline_io,
+            receive_writes_in_place: inline_io && !read_only,
+            mapping: OnceLock::new(),
+        })
     }
 
     /// Forces syscalls to run inline (`true`) or on the blocking pool (`false`), overriding
@@ -121,6 +136,18 @@ impl FileDevice {
     /// Whether large reads are answered with file ranges.
     pub fn send_file_reads(&self) -> bool {
         self.send_file_reads
+    }
+
+    /// Offers WRITEs of 128 KiB and more a shared mapping of the file to be received into
+    /// ([`BlockDevice::write_targets`]; `true` by default on writable memory-backed files).
+    /// Only sound for a file whose pages are in memory.
+    pub fn set_receive_writes_in_place(&mut self, enabled: bool) {
+        self.receive_writes_in_place = enabled && !self.info.read_only;
+    }
+
+    /// Whether large writes are received into a mapping of the file.
+    pub fn receive_writes_in_place(&self) -> bool {
+        self.receive_writes_in_place
     }
 
     /// Runs a blocking operation that may copy `copy_bytes`: inline when the file is
@@ -251,6 +278,25 @@ fn extents_of(file: &File, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
 impl BlockDevice for FileDevice {
     fn info(&self) -> DeviceInfo {
         self.info.clone()
+    }
+
+    fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
+        let mapping = self.receive_writes_in_place.then(|| {
+            self.mapping.get_or_init(|| match FileMapping::new(self.file.clone()) {
+                Ok(mapping) => Some(Arc::new(mapping)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot map the file; writes are received into buffers");
+                    None
+                }
+            })
+        });
+        let target = match mapping {
+            Some(Some(mapping)) if offset + u64::from(len) <= mapping.len_bytes() => {
+                Some(vec![WriteTarget { mapping: mapping.clone(), offset, len }])
+            }
+            _ => None,
+        };
+        Box::pin(std::future::ready(Ok(target)))
     }
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {

@@ -41,6 +41,7 @@
 
 pub mod device;
 pub mod file_device;
+pub mod file_mapping;
 pub mod memory_device;
 pub mod protocol;
 
@@ -61,10 +62,11 @@ pub use advertise::{Advertised, advertise};
 pub use config::{Export, ServerConfig};
 pub use device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,
-    ZeroFlags,
+    WriteTarget, ZeroFlags,
 };
 pub use error::{Error, Result, device_errno};
 pub use file_device::FileDevice;
+pub use file_mapping::FileMapping;
 pub use listener::{GenericStream, NbdListener, NbdStream, Server};
 pub use memory_device::MemoryDevice;
 pub use request_source::RequestSource;

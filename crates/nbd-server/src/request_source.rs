@@ -1,4 +1,5 @@
-//! [`RequestSource`]: the read half of a connection, with a hint about how much to wait for.
+//! [`RequestSource`]: the read half of a connection, with a hint about how much to wait for
+//! and, on TCP, a way to receive a payload straight into mapped file pages.
 //!
 //! Why: a large WRITE's payload arrives in many TCP segments. A reader woken for each one
 //! receives it in many small pieces, and every wake-up is work for the client too (on
@@ -11,12 +12,16 @@
 //! committed to send (the rest of the current payload), since it may send nothing more
 //! until that request is answered. The kernel caps the threshold (half the largest receive
 //! buffer) and still wakes the reader when the receive window closes or memory runs short.
+//!
+//! Receiving into a [`FileMapping`](crate::FileMapping) (`recvmsg` with iovecs into the
+//! mapping) saves the server a copy per WRITE; see `file_mapping.rs` for why that is sound.
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::task::{Context, Poll, ready};
 
-use tokio::io::AsyncRead;
-use tokio::net::{tcp, unix};
+use tokio::io::{AsyncRead, Interest};
+use tokio::net::{TcpStream, tcp, unix};
 
 /// The read half of a connection.
 pub trait RequestSource: AsyncRead + Unpin + Send + 'static {
@@ -25,6 +30,23 @@ pub trait RequestSource: AsyncRead + Unpin + Send + 'static {
     fn set_wake_threshold(&self, bytes: usize) -> io::Result<()> {
         let _ = bytes;
         Ok(())
+    }
+
+    /// Whether [`poll_receive_into`](Self::poll_receive_into) works on this stream.
+    fn receives_in_place(&self) -> bool {
+        false
+    }
+
+    /// Receives queued bytes straight into `regions`, in order, up to their total length;
+    /// `Ok(0)` at the end of the stream. Only called when
+    /// [`receives_in_place`](Self::receives_in_place); the default fails.
+    ///
+    /// # Safety
+    /// Every iovec must describe memory the kernel may write for the whole call (mapped file
+    /// pages held alive by the caller) that no Rust reference points into.
+    unsafe fn poll_receive_into(&self, cx: &mut Context<'_>, regions: &[libc::iovec]) -> Poll<io::Result<usize>> {
+        let _ = (cx, regions);
+        Poll::Ready(Err(io::ErrorKind::Unsupported.into()))
     }
 }
 
@@ -43,6 +65,45 @@ impl RequestSource for tcp::OwnedReadHalf {
             )
         };
         if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+
+    fn receives_in_place(&self) -> bool {
+        true
+    }
+
+    unsafe fn poll_receive_into(&self, cx: &mut Context<'_>, regions: &[libc::iovec]) -> Poll<io::Result<usize>> {
+        let stream: &TcpStream = self.as_ref();
+        let wanted: usize = regions.iter().map(|r| r.iov_len).sum();
+        loop {
+            ready!(stream.poll_read_ready(cx))?;
+            let mut short = 0;
+            let received = stream.try_io(Interest::READABLE, || {
+                // SAFETY: `msghdr` is plain data; zeroed is a valid empty header.
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                // The kernel only reads the iovec array itself.
+                msg.msg_iov = regions.as_ptr().cast_mut();
+                msg.msg_iovlen = regions.len().min(libc::UIO_MAXIOV as usize) as _;
+                // SAFETY: the descriptor is open; the iovecs point at writable memory no Rust
+                // reference covers (this function's contract).
+                let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, 0) };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // A short read drained the socket: report "would block" so tokio forgets the
+                // readiness, as its own reads do, and the next poll waits for the wake
+                // threshold instead of taking each segment as it lands.
+                if n > 0 && (n as usize) < wanted {
+                    short = n as usize;
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n as usize)
+            });
+            match received {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && short > 0 => return Poll::Ready(Ok(short)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                result => return Poll::Ready(result),
+            }
+        }
     }
 }
 

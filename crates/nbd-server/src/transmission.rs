@@ -48,7 +48,10 @@ use tracing::{Instrument, debug, debug_span};
 
 use crate::advertise::Advertised;
 use crate::buffer_pool;
-use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, FileRange, ReadChunk};
+use crate::device::{
+    BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, FileRange, RECEIVE_IN_PLACE_MIN_BYTES, ReadChunk,
+    WriteTarget,
+};
 use crate::error::{Error, Result};
 use crate::protocol::consts::cmd;
 use crate::protocol::read_reply::{ReadFraming, push_device_error, read_reply};
@@ -235,6 +238,7 @@ where
             offset = header.offset,
             len = header.length
         );
+        let in_place = matches!(payload, Some(Payload::Received));
         let ctx = RequestCtx {
             device: t.device.clone(),
             cookie: header.cookie,
@@ -251,9 +255,9 @@ where
         // Fast path: a small request on a device that completes at once is answered by the
         // reader. Large READs become tasks, so their copies run on other workers in parallel
         // with the reader (inline 1 MiB reads measured slower), as does anything that has to
-        // wait. Large WRITEs are handed off (below).
-        let hand_off = header.command == cmd::WRITE && header.length >= HAND_OFF_WRITE_MIN_BYTES;
-        let ready = if header.length <= INLINE_MAX_BYTES && !hand_off {
+        // wait. Large WRITEs are handed off (below), unless their payload is already in place.
+        let hand_off = header.command == cmd::WRITE && header.length >= HAND_OFF_WRITE_MIN_BYTES && !in_place;
+        let ready = if (header.length <= INLINE_MAX_BYTES || in_place) && !hand_off {
             match task.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
                 Poll::Ready(outgoing) => Some(outgoing),
                 Poll::Pending => None,
@@ -327,11 +331,18 @@ async fn yield_to_the_spawned_task() {
     .await
 }
 
+/// A WRITE's payload.
+enum Payload {
+    Data(Bytes),
+    /// Received into the device's [`WriteTarget`]s; the write completes with `write_received`.
+    Received,
+}
+
 /// A request read off the wire, validated (or refused), holding its permits.
 struct Incoming {
     header: RequestHeader,
     /// The validated request and its WRITE payload, or why it was refused.
-    outcome: Result<(Request, Option<Bytes>), Rejection>,
+    outcome: Result<(Request, Option<Payload>), Rejection>,
     slot: OwnedSemaphorePermit,
     bytes: Option<OwnedSemaphorePermit>,
 }
@@ -401,12 +412,27 @@ impl<R: RequestSource, W: ReplySink> Reader<'_, R, W> {
                 let data = if payload == 0 {
                     None
                 } else if self.buf.len() >= payload {
-                    Some(self.buf.split_to(payload).freeze())
+                    Some(Payload::Data(self.buf.split_to(payload).freeze()))
                 } else {
                     local.flush(gate.shared).await?;
-                    let read = read_payload(&mut self.reader, &mut self.buf, payload);
-                    let Some(read) = gate.interruptible(read).await else { return Ok(None) };
-                    Some(read?)
+                    let targets = match request {
+                        Request::Write { offset, len, .. } if self.reader.receives_in_place() => {
+                            write_targets(gate.t, offset, len).await
+                        }
+                        _ => None,
+                    };
+                    let received = match targets {
+                        Some(targets) => {
+                            let receive = receive_in_place(&mut self.reader, &mut self.buf, &targets, payload);
+                            gate.interruptible(receive).await.map(|r| r.map(|()| Payload::Received))
+                        }
+                        None => {
+                            let read = read_payload(&mut self.reader, &mut self.buf, payload);
+                            gate.interruptible(read).await.map(|r| r.map(Payload::Data))
+                        }
+                    };
+                    let Some(received) = received else { return Ok(None) };
+                    Some(received?)
                 };
                 (Ok((request, data)), bytes)
             }
@@ -424,6 +450,131 @@ impl<R: RequestSource, W: ReplySink> Reader<'_, R, W> {
     }
 }
 
+/// Where the device wants a WRITE's payload received, if it does (checked: the targets
+/// cover the request exactly, inside their mappings).
+async fn write_targets(t: &Transmission, offset: u64, len: u32) -> Option<Vec<WriteTarget>> {
+    if len < RECEIVE_IN_PLACE_MIN_BYTES || len > t.advertised.device_piece_bytes {
+        return None;
+    }
+    let targets = match t.device.write_targets(offset, len).await {
+        Ok(targets) => targets?,
+        Err(e) => {
+            debug!(error = %e, "no write targets; the write goes the normal way");
+            return None;
+        }
+    };
+    let covered: u64 = targets.iter().map(|t| u64::from(t.len)).sum();
+    let inside = targets.iter().all(|t| t.mapping.iovec(t.offset, t.len as usize).is_some());
+    if covered != u64::from(len) || !inside {
+        debug_assert!(false, "device gave write targets of {covered} bytes (inside: {inside}) for {len}");
+        return None;
+    }
+    Some(targets)
+}
+
+/// Receives a WRITE payload of `len` bytes into `targets` (the device's mapped file pages):
+/// the buffered part is written with `pwrite`, the rest received by the kernel straight
+/// into the mappings, whole if it is large.
+async fn receive_in_place<R: RequestSource>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    targets: &[WriteTarget],
+    len: usize,
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    debug_assert!(buf.len() < len);
+    let mut iovecs = IoVecs(Vec::with_capacity(targets.len()));
+    let mut skip = buf.len();
+    for target in targets {
+        let target_len = target.len as usize;
+        let buffered = skip.min(target_len);
+        if buffered > 0 {
+            let at = buf.len() - skip;
+            target.mapping.file().write_all_at(&buf[at..at + buffered], target.offset)?;
+            skip -= buffered;
+        }
+        if buffered < target_len {
+            let iovec = target.mapping.iovec(target.offset + buffered as u64, target_len - buffered);
+            iovecs.0.push(iovec.expect("targets were checked to lie inside their mappings"));
+        }
+    }
+    let mut done = buf.len();
+    buf.clear();
+    let mut first = 0;
+    let mut threshold = WakeThreshold::default();
+    while done < len {
+        threshold.before_read(reader, len - done)?;
+        let (source, list) = (&mut *reader, &mut iovecs);
+        // SAFETY: the iovecs point into mappings `targets` keeps alive across the call; the
+        // crate never makes references into mapped memory (file_mapping.rs).
+        let receive = move |cx: &mut Context<'_>| unsafe { source.poll_receive_into(cx, &list.0[first..]) };
+        let n = std::future::poll_fn(receive).await?;
+        if n == 0 {
+            return Err(Error::UnexpectedEof);
+        }
+        done += n;
+        first += advance_iovecs(&mut iovecs.0[first..], n);
+    }
+    threshold.finish(reader)?;
+    Ok(())
+}
+
+/// Iovecs into mapped file pages, kept across awaits.
+struct IoVecs(Vec<libc::iovec>);
+
+// SAFETY: the pointers are addresses in `FileMapping`s (process-wide memory, `Send + Sync`)
+// that only the kernel writes; moving the list to another thread changes nothing.
+unsafe impl Send for IoVecs {}
+
+/// Consumes `n` received bytes from the front of `iovecs`: returns how many iovecs are
+/// used up, and shortens the next one by what it received.
+fn advance_iovecs(iovecs: &mut [libc::iovec], mut n: usize) -> usize {
+    let mut used = 0;
+    while n > 0 {
+        let first = &mut iovecs[used];
+        if n < first.iov_len {
+            // SAFETY: `n < iov_len`, so the new base stays inside the same region.
+            first.iov_base = unsafe { first.iov_base.cast::<u8>().add(n) }.cast();
+            first.iov_len -= n;
+            return used;
+        }
+        n -= first.iov_len;
+        used += 1;
+    }
+    used
+}
+
+/// The wake threshold (`RequestSource::set_wake_threshold`) while one payload is received.
+/// It is never more than what is still to come: bytes of the next request may not be sent
+/// before this one is answered.
+#[derive(Default)]
+struct WakeThreshold {
+    /// 0: never set (the socket's is 1).
+    current: usize,
+}
+
+impl WakeThreshold {
+    /// Before waiting for more of a payload with `remaining` bytes to come.
+    fn before_read<R: RequestSource>(&mut self, reader: &R, remaining: usize) -> Result<()> {
+        let wanted = if remaining >= WAKE_FOR_PAYLOAD_MIN_BYTES { remaining } else { 1 };
+        if wanted != self.current.max(1) {
+            reader.set_wake_threshold(wanted)?;
+            self.current = wanted;
+        }
+        // More than the payload's rest could wait for bytes the client never sends.
+        assert!(self.current <= remaining, "wake threshold {} over the {remaining} bytes to come", self.current);
+        Ok(())
+    }
+
+    /// Once the payload is in: any data wakes the reader again.
+    fn finish<R: RequestSource>(self, reader: &R) -> Result<()> {
+        if self.current > 1 {
+            reader.set_wake_threshold(1)?;
+        }
+        Ok(())
+    }
+}
+
 /// Reads a WRITE payload of `len` bytes into its own buffer: the buffered part is copied,
 /// the rest is read straight into a (pooled) payload buffer, whole if it is large
 /// (`RequestSource::set_wake_threshold`).
@@ -432,23 +583,15 @@ async fn read_payload<R: RequestSource>(reader: &mut R, buf: &mut BytesMut, len:
     let mut payload = buffer_pool::alloc(len);
     payload.extend_from_slice(buf);
     buf.clear();
-    let mut threshold = 1;
+    let mut threshold = WakeThreshold::default();
     while payload.len() < len {
         let remaining = len - payload.len();
-        let wanted = if remaining >= WAKE_FOR_PAYLOAD_MIN_BYTES { remaining } else { 1 };
-        if wanted != threshold {
-            reader.set_wake_threshold(wanted)?;
-            threshold = wanted;
-        }
-        // More than the payload's rest could wait for bytes the client never sends.
-        assert!(threshold <= remaining, "wake threshold {threshold} over the {remaining} bytes to come");
+        threshold.before_read(reader, remaining)?;
         if (&mut *reader).take(remaining as u64).read_buf(&mut payload).await? == 0 {
             return Err(Error::UnexpectedEof);
         }
     }
-    if threshold != 1 {
-        reader.set_wake_threshold(1)?;
-    }
+    threshold.finish(reader)?;
     debug_assert_eq!(payload.len(), len);
     Ok(buffer_pool::freeze(payload))
 }
@@ -470,7 +613,7 @@ struct RequestCtx {
 }
 
 impl RequestCtx {
-    async fn execute(self, request: Request, payload: Option<Bytes>) -> Reply {
+    async fn execute(self, request: Request, payload: Option<Payload>) -> Reply {
         match request {
             Request::Read { offset, len, df } => {
                 let result = self.read(offset, len).await;
@@ -485,9 +628,14 @@ impl RequestCtx {
                 read_reply(self.cookie, offset, len, framing, result)
             }
             Request::Write { offset, len, fua } => {
-                let data = payload.unwrap_or_default();
-                debug_assert_eq!(data.len(), len as usize);
-                let result = self.write(offset, data, fua).await;
+                let result = match payload {
+                    Some(Payload::Received) => self.device.write_received(offset, len, fua).await,
+                    Some(Payload::Data(data)) => {
+                        debug_assert_eq!(data.len(), len as usize);
+                        self.write(offset, data, fua).await
+                    }
+                    None => self.write(offset, Bytes::new(), fua).await,
+                };
                 self.status_reply(result, offset, len, false)
             }
             Request::Flush => {

@@ -14,7 +14,7 @@ use nbd_server::protocol::consts::{
 use nbd_server::protocol::reply::{ChunkHeader, decode_chunk_header, decode_simple_reply};
 use nbd_server::{
     BlockDevice, DeviceFuture, DeviceInfo, DeviceResult, Export, Extent, MemoryDevice, ReadChunk, Server, ServerConfig,
-    ZeroFlags,
+    WriteTarget, ZeroFlags,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -333,8 +333,8 @@ async fn option_replies_are_byte_exact() {
     assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
     c.option(opt::LIST, &[]).await;
     let replies = c.option_replies().await;
-    assert_eq!(replies.len(), 6, "5 exports + ACK");
-    assert!(replies[..5].iter().all(|r| r.1 == rep::SERVER));
+    assert_eq!(replies.len(), 7, "6 exports + ACK");
+    assert!(replies[..6].iter().all(|r| r.1 == rep::SERVER));
     // ABORT: ACK, then the server closes.
     c.option(opt::ABORT, &[]).await;
     assert_eq!(c.option_reply().await, (opt::ABORT, rep::ACK, vec![]));
@@ -709,7 +709,7 @@ async fn connection_limit_closes_excess_connections() {
     // The first connections are still being served.
     b.send(&3u32.to_be_bytes()).await;
     b.option(opt::LIST, &[]).await;
-    assert_eq!(b.option_replies().await.len(), 6);
+    assert_eq!(b.option_replies().await.len(), 7);
     server.stop().await.unwrap();
 }
 
@@ -798,50 +798,99 @@ async fn extended_headers_refused_then_qemu_10_style_fallback() {
     server.stop().await.unwrap();
 }
 
+/// A device that counts the WRITE bytes it got in place (received into its mapping).
+struct CountingInPlace {
+    inner: nbd_server::FileDevice,
+    received_bytes: AtomicUsize,
+}
+
+impl BlockDevice for CountingInPlace {
+    fn info(&self) -> DeviceInfo {
+        self.inner.info()
+    }
+    fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
+        self.inner.read(offset, len)
+    }
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.inner.write(offset, data, fua)
+    }
+    fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
+        self.inner.write_targets(offset, len)
+    }
+    fn write_received(&self, offset: u64, len: u32, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.received_bytes.fetch_add(len as usize, Ordering::Relaxed);
+        self.inner.write_received(offset, len, fua)
+    }
+    fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.inner.flush()
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.inner.trim(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
+        self.inner.write_zeroes(offset, len, flags)
+    }
+}
+
 /// Large WRITE payloads are received whole (the server asks the kernel not to wake it for
-/// less than the rest of the payload): whatever pieces and pauses they arrive in, each is
+/// less than the rest of the payload), into a buffer ("mem") or straight into the mapped
+/// pages of a tmpfs file ("counted"): whatever pieces and pauses they arrive in, each is
 /// answered without anything more being sent, and lands intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_write_payloads_arriving_in_pieces_are_answered() {
     const KIB: usize = 1024;
-    let (server, _dir) = standard_server(ServerConfig::default()).await;
-    let mut c = Raw::connect(&server).await;
-    c.go("mem", false, None).await;
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").expect("a file on /dev/shm (tmpfs)");
+    shm.as_file().set_len(64 << 20).unwrap();
+    let file = nbd_server::FileDevice::open(shm.path(), false).unwrap();
+    assert!(file.receive_writes_in_place(), "tmpfs writes of 128 KiB and more are received in place");
+    let shm_device = Arc::new(CountingInPlace { inner: file, received_bytes: AtomicUsize::new(0) });
+    let dir = tempfile::tempdir().unwrap();
+    let (mut exports, _) = standard_exports(dir.path()).await;
+    exports.push(Export::new("counted", shm_device.clone()));
+    let server = ServerHandle::start(exports, ServerConfig::default()).await;
     // (payload length, sizes of the first pieces; one more piece holds the rest). The
     // header goes with the first piece.
-    let cases: [(usize, &[usize]); 6] = [
+    let cases: [(usize, &[usize]); 7] = [
         (1024 * KIB, &[0, 900 * KIB, 100 * KIB]), // header alone, then a rest under 128 KiB
         (1024 * KIB, &[924 * KIB]),               // most at once, then a rest under 128 KiB
         (1024 * KIB, &[10 * KIB, 1]),
         (4096 * KIB, &[64 * KIB, 64 * KIB, 3000 * KIB]),
         (128 * KIB, &[64 * KIB]),
+        (130 * KIB, &[130 * KIB]), // all at once, partly buffered with the header
         (32 * 1024 * KIB, &[5000 * KIB, 20000 * KIB]), // the largest payload, over the kernel's cap
     ];
-    let mut offset = 0u64;
-    for (i, (len, sizes)) in cases.into_iter().enumerate() {
-        let data = pattern(40 + i as u64, len);
-        let mut header = Vec::new();
-        header.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        header.extend_from_slice(&0u16.to_be_bytes());
-        header.extend_from_slice(&cmd::WRITE.to_be_bytes());
-        header.extend_from_slice(&(i as u64).to_be_bytes());
-        header.extend_from_slice(&offset.to_be_bytes());
-        header.extend_from_slice(&(len as u32).to_be_bytes());
-        let mut rest = &data[..];
-        for &size in sizes.iter().chain([&usize::MAX]) {
-            let (piece, tail) = rest.split_at(size.min(rest.len()));
-            c.send(&[std::mem::take(&mut header), piece.to_vec()].concat()).await;
-            rest = tail;
-            tokio::time::sleep(Duration::from_millis(30)).await;
+    for export in ["mem", "counted"] {
+        let mut c = Raw::connect(&server).await;
+        c.go(export, false, None).await;
+        let mut offset = 0u64;
+        for (i, (len, sizes)) in cases.into_iter().enumerate() {
+            let data = pattern(40 + i as u64, len);
+            let mut header = Vec::new();
+            header.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+            header.extend_from_slice(&0u16.to_be_bytes());
+            header.extend_from_slice(&cmd::WRITE.to_be_bytes());
+            header.extend_from_slice(&(i as u64).to_be_bytes());
+            header.extend_from_slice(&offset.to_be_bytes());
+            header.extend_from_slice(&(len as u32).to_be_bytes());
+            let mut rest = &data[..];
+            for &size in sizes.iter().chain([&usize::MAX]) {
+                let (piece, tail) = rest.split_at(size.min(rest.len()));
+                c.send(&[std::mem::take(&mut header), piece.to_vec()].concat()).await;
+                rest = tail;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            let (error, cookie, _) = c.simple_reply(0).await;
+            assert_eq!((error, cookie), (0, i as u64), "{export} case {i}: answered with nothing more sent");
+            for at in (0..len).step_by(1 << 20) {
+                let n = (len - at).min(1 << 20);
+                let got = c.read_ok(offset + at as u64, n as u32).await;
+                assert!(got == data[at..at + n], "{export} case {i}: bytes at {at}");
+            }
+            offset += len as u64;
         }
-        let (error, cookie, _) = c.simple_reply(0).await;
-        assert_eq!((error, cookie), (0, i as u64), "case {i}: answered with nothing more sent");
-        for at in (0..len).step_by(1 << 20) {
-            let n = (len - at).min(1 << 20);
-            assert!(c.read_ok(offset + at as u64, n as u32).await == data[at..at + n], "case {i}: bytes at {at}");
-        }
-        offset += len as u64;
     }
+    let total: usize = cases.iter().map(|(len, _)| len).sum();
+    assert_eq!(shm_device.received_bytes.load(Ordering::Relaxed), total, "every shm write was received in place");
     server.stop().await.unwrap();
 }
 
@@ -882,6 +931,12 @@ async fn file_ranges_are_sent_whole_or_the_connection_closes() {
         }
     }
 
+    // A large write is received into a mapping of the file (made now, at the file's size).
+    let mut c = Raw::connect(&server).await;
+    c.go("shm", false, None).await;
+    c.request(0, cmd::WRITE, 7, 3 * MIB as u64, MIB as u32, &data[3 * MIB..]).await;
+    assert_eq!(c.simple_reply(0).await.0, 0);
+
     // The file shrinks under the server: the promised bytes cannot be sent, so the
     // connection ends short of them; no padding, no panic, other connections unaffected.
     std::fs::OpenOptions::new().write(true).open(shm.path()).unwrap().set_len(MIB as u64 + MIB as u64 / 2).unwrap();
@@ -894,6 +949,27 @@ async fn file_ranges_are_sent_whole_or_the_connection_closes() {
     if received.len() > 16 {
         assert!(received[16..] == data[MIB..MIB + received.len() - 16], "what was sent is the file's bytes");
     }
+    // Nor can a write be received into mapped pages past the new end (the kernel's copy
+    // faults: EFAULT, no SIGBUS): the connection ends without a reply, the server lives on.
+    let mut c = Raw::connect(&server).await;
+    c.go("shm", false, None).await;
+    let mut request = Vec::new();
+    for field in [&REQUEST_MAGIC.to_be_bytes()[..], &0u16.to_be_bytes(), &cmd::WRITE.to_be_bytes(), &8u64.to_be_bytes()]
+    {
+        request.extend_from_slice(field);
+    }
+    request.extend_from_slice(&(2 * MIB as u64).to_be_bytes());
+    request.extend_from_slice(&(MIB as u32).to_be_bytes());
+    request.extend_from_slice(&data[..MIB]);
+    // The server may close before the payload is all sent (the send then fails).
+    let _ = c.stream.write_all(&request).await;
+    let mut received = Vec::new();
+    tokio::time::timeout(TIMEOUT, c.stream.read_to_end(&mut received)).await.expect("closed in time").ok();
+    assert!(
+        received.is_empty(),
+        "no reply for a write that could not land: {:02x?}",
+        &received[..16.min(received.len())]
+    );
     let mut c = Raw::connect(&server).await;
     c.go("shm", false, None).await;
     assert!(c.read_ok(0, 4096).await == data[..4096]);

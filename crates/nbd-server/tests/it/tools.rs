@@ -21,7 +21,7 @@ fn nbdinfo_json_list_and_map() {
     assert_eq!(json["structured"], true);
     let exports = json["exports"].as_array().expect("exports array");
     let find = |name: &str| exports.iter().find(|e| e["export-name"] == name).unwrap_or_else(|| panic!("{name}"));
-    assert_eq!(exports.len(), 5);
+    assert_eq!(exports.len(), 6);
     let mem = find("mem");
     assert_eq!(mem["export-size"], 64 << 20);
     assert_eq!(mem["description"], "the main test disk");
@@ -155,13 +155,16 @@ fn fio_nbd_engine_with_crc32c_verify() {
     let fio = require_tool("fio", "fio");
     let server = TestServer::standard();
     let dir = tempfile::tempdir().unwrap();
-    // Small writes run in the reader; from 128 KiB on they are handed off to another task.
+    // Small writes run in the reader; from 128 KiB on they are handed off to another task,
+    // or received straight into the file on tmpfs ("shm").
     for (export, rw, bs, depth) in [
         ("mem", "randwrite", "4k", "32"),
         ("file", "write", "64k", "8"),
         ("file", "randwrite", "16k", "16"),
         ("mem", "randwrite", "256k", "16"),
         ("file", "write", "1m", "8"),
+        ("shm", "write", "1m", "8"),
+        ("shm", "randwrite", "128k", "32"),
     ] {
         let out = run_ok(Command::new(&fio).current_dir(dir.path()).args([
             "--name=verify",

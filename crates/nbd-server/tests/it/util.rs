@@ -45,12 +45,19 @@ pub async fn standard_exports(dir: &Path) -> (Vec<Export>, StandardDevices) {
     // Large reads go out with sendfile whatever filesystem the temporary directory is on.
     file.set_send_file_reads(true);
     let file = Arc::new(file);
+    // A file on tmpfs: large reads go out with sendfile, large writes are received into a
+    // mapping of it. (Unlinked at once; the open file keeps it.)
+    let shm_file = tempfile::NamedTempFile::new_in("/dev/shm").expect("a file on /dev/shm (tmpfs)");
+    shm_file.as_file().set_len(16 << 20).expect("size the shm file");
+    let shm = FileDevice::open(shm_file.path(), false).expect("open the shm file");
+    assert!(shm.receive_writes_in_place() && shm.send_file_reads(), "tmpfs I/O goes in place");
     let exports = vec![
         Export::new("mem", mem.clone()).with_description("the main test disk"),
         Export::new("ro", ro),
         Export::new("bad", bad),
         Export::new("aligned", aligned),
         Export::new("file", file),
+        Export::new("shm", Arc::new(shm)),
     ];
     (exports, StandardDevices { mem, file_path })
 }

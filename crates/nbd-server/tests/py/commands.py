@@ -20,7 +20,7 @@ def read_chunks(h, count, offset, flags=0):
     return data, chunks
 
 
-for name in ("mem", "file"):
+for name in ("mem", "file", "shm"):
     size = EXPORT_SIZES[name]
 
     @check(f"{name}: WRITE then READ at several offsets and sizes, FUA, FLUSH")

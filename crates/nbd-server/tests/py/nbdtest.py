@@ -17,7 +17,7 @@ except ImportError:
 
 PORT = int(sys.argv[1])
 HOST = "127.0.0.1"
-EXPORT_SIZES = {"mem": 64 << 20, "ro": 1 << 20, "bad": 1 << 20, "aligned": 1 << 20, "file": 16 << 20}
+EXPORT_SIZES = {"mem": 64 << 20, "ro": 1 << 20, "bad": 1 << 20, "aligned": 1 << 20, "file": 16 << 20, "shm": 16 << 20}
 
 _passed = 0
 _failed = 0
