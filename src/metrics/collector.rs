@@ -235,6 +235,13 @@ impl Collector for ScrapeCollector {
         )?;
         family(
             enc,
+            "export_write_in_place_bytes",
+            "Bytes of export_written_bytes received straight into member files in memory, not into buffers.",
+            MetricType::Counter,
+            exports.iter().map(|e| (export_label(&e.name), counter(e.requests.write_in_place_bytes()))),
+        )?;
+        family(
+            enc,
             "export_written_bytes",
             "Bytes written by NBD clients (WRITE payloads).",
             MetricType::Counter,

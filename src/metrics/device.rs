@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use nbd_server::device::{BlockDevice, DeviceFuture, DeviceInfo, DeviceResult, Extent, ReadChunk, ZeroFlags};
+use nbd_server::device::{
+    BlockDevice, DeviceFuture, DeviceInfo, DeviceResult, Extent, ReadChunk, WriteTarget, ZeroFlags,
+};
 
 use super::op_stats::OpStats;
 
@@ -60,6 +62,8 @@ pub struct ExportStats {
     in_flight: AtomicI64,
     /// READ bytes answered as file ranges (sent from member files with `sendfile`).
     read_in_place_bytes: AtomicU64,
+    /// WRITE bytes received straight into member files.
+    write_in_place_bytes: AtomicU64,
 }
 
 impl ExportStats {
@@ -73,6 +77,10 @@ impl ExportStats {
 
     pub fn read_in_place_bytes(&self) -> u64 {
         self.read_in_place_bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn write_in_place_bytes(&self) -> u64 {
+        self.write_in_place_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -138,6 +146,19 @@ impl BlockDevice for MeteredDevice {
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
         let len = data.len() as u64;
         self.metered(Command::Write, len, self.inner.write(offset, data, fua))
+    }
+
+    fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
+        self.inner.write_targets(offset, len)
+    }
+
+    fn write_received(&self, offset: u64, len: u32, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        let done = self.inner.write_received(offset, len, fua);
+        self.metered(Command::Write, u64::from(len), async move {
+            done.await?;
+            self.stats.write_in_place_bytes.fetch_add(u64::from(len), Ordering::Relaxed);
+            Ok(())
+        })
     }
 
     fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {

@@ -124,6 +124,13 @@ impl<M: Member> Member for MeteredMember<M> {
         Some(file)
     }
 
+    /// Likewise, bytes handed out for an in-place write count as written bytes.
+    fn memory_file_for_write(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
+        let file = self.inner.memory_file_for_write(offset_bytes, len_bytes)?;
+        self.stats.op(MemberOp::Write).bytes.fetch_add(len_bytes, std::sync::atomic::Ordering::Relaxed);
+        Some(file)
+    }
+
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
         self.metered(MemberOp::Flush, 0, self.inner.flush())
     }

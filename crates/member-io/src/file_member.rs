@@ -295,12 +295,13 @@ macro_rules! file_member_type {
                 Box::pin(self.inner.write_slice(offset_bytes, data, fua))
             }
             fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<std::fs::File>> {
-                let file = self.inner.file.memory_file()?;
-                check_range(self.inner.file.name(), self.inner.file.len_bytes(), offset_bytes, len_bytes).ok()?;
-                // A file truncated under us: the normal read fails and the engine fails the
-                // member over; a range handed out would cut the client's connection instead.
-                let end = offset_bytes + len_bytes;
-                file.metadata().is_ok_and(|m| m.len() >= end).then(|| Arc::clone(file))
+                memory_file_holding(&self.inner.file, offset_bytes, len_bytes)
+            }
+            fn memory_file_for_write(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<std::fs::File>> {
+                if self.inner.file.is_read_only() {
+                    return None;
+                }
+                memory_file_holding(&self.inner.file, offset_bytes, len_bytes)
             }
             fn flush(&self) -> IoFuture<'_, io::Result<()>> {
                 Box::pin(self.inner.flush())
@@ -313,6 +314,16 @@ macro_rules! file_member_type {
             }
         }
     };
+}
+
+/// The member's file, if it is a buffered file in memory that still holds the range.
+fn memory_file_holding(file: &MemberFile, offset_bytes: u64, len_bytes: u64) -> Option<Arc<std::fs::File>> {
+    let memory_file = file.memory_file()?;
+    check_range(file.name(), file.len_bytes(), offset_bytes, len_bytes).ok()?;
+    // A file truncated under us: normal I/O fails and the engine fails the member over; a
+    // range handed out would cut the client's connection instead.
+    let end = offset_bytes + len_bytes;
+    memory_file.metadata().is_ok_and(|m| m.len() >= end).then(|| Arc::clone(memory_file))
 }
 
 /// A member served by io_uring (a shared ring thread unless opened with [`UringMember::open_on`]).

@@ -165,7 +165,7 @@ fn auto_runs_files_in_memory_inline_and_others_on_threads() {
 /// Files in memory (buffered) offer their `File` for in-place reads, on every engine and
 /// only in range; files on disk, O_DIRECT files and the wrappers never do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_memory_files_offer_in_place_reads() {
+async fn in_memory_files_offer_in_place_reads_and_writes() {
     use std::os::unix::fs::FileExt;
     require_uring();
     let shm = tempfile::tempdir_in("/dev/shm").expect("/dev/shm");
@@ -179,6 +179,12 @@ async fn in_memory_files_offer_in_place_reads() {
         file.read_exact_at(&mut back, 1 << 20).unwrap();
         assert!(back == data, "{engine:?}: the file holds the member's bytes at member offsets");
         assert!(m.memory_file(MIN_MEMBER_BYTES - 4096, 8192).is_none(), "{engine:?}: not past the end");
+        let for_write = m.memory_file_for_write(1 << 20, 8192).expect("a writable tmpfs file takes writes in place");
+        assert!(Arc::ptr_eq(&for_write, &file), "{engine:?}: the same file");
+        assert!(m.memory_file_for_write(MIN_MEMBER_BYTES - 4096, 8192).is_none(), "{engine:?}: not past the end");
+        let read_only = open_member(&path, &OpenOptions { engine, read_only: true, ..OpenOptions::default() }).unwrap();
+        assert!(read_only.memory_file(0, 4096).is_some(), "{engine:?}: read-only files read in place");
+        assert!(read_only.memory_file_for_write(0, 4096).is_none(), "{engine:?}: but take no writes");
     }
     // A file truncated under the member: the range it no longer holds reads the normal way
     // (and fails there), the rest is still offered.
@@ -192,9 +198,11 @@ async fn in_memory_files_offer_in_place_reads() {
         assert!(direct.is_direct() && direct.memory_file(0, 4096).is_none(), "O_DIRECT files read through the engine");
     }
     let inline = Arc::new(InlineMember::open(&path, DirectMode::Off, false).unwrap());
-    assert!(Faulty::new(Arc::clone(&inline), FaultControl::new()).memory_file(0, 4096).is_none());
+    let faulty = Faulty::new(Arc::clone(&inline), FaultControl::new());
+    assert!(faulty.memory_file(0, 4096).is_none() && faulty.memory_file_for_write(0, 4096).is_none());
     let throttled = Throttled::new(Arc::clone(&inline), &ThrottleConfig { iops: Some(1000), ..Default::default() });
-    assert!(throttled.unwrap().memory_file(0, 4096).is_none());
+    let throttled = throttled.unwrap();
+    assert!(throttled.memory_file(0, 4096).is_none() && throttled.memory_file_for_write(0, 4096).is_none());
     let dir = scratch_dir();
     assert_ext4(dir.path());
     let on_disk = open_member(sparse_file(dir.path(), "m", MIN_MEMBER_BYTES), &OpenOptions::default()).unwrap();

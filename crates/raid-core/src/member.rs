@@ -79,6 +79,14 @@ pub trait Member: Send + Sync {
         None
     }
 
+    /// Like [`memory_file`](Self::memory_file), for writing the range in place (the caller
+    /// puts the bytes into the file's pages itself, e.g. a socket receive into a mapping of
+    /// it): only for a member open for writing. `None` by default and from wrappers.
+    fn memory_file_for_write(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
+        let _ = (offset_bytes, len_bytes);
+        None
+    }
+
     /// Makes all completed writes durable (fdatasync).
     fn flush(&self) -> IoFuture<'_, io::Result<()>>;
 
@@ -110,6 +118,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     }
     fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
         (**self).memory_file(offset_bytes, len_bytes)
+    }
+    fn memory_file_for_write(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
+        (**self).memory_file_for_write(offset_bytes, len_bytes)
     }
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
         (**self).flush()

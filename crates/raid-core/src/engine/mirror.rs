@@ -76,14 +76,38 @@ impl<M: Member + ?Sized> Array<M> {
             let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
             let len = piece.sectors * SECTOR_BYTES;
             let Some(file) = device.member.memory_file(at, len) else { return Ok(None) };
-            match extents.last_mut() {
-                Some(last) if std::sync::Arc::ptr_eq(&last.file, &file) && last.offset_bytes + last.len_bytes == at => {
-                    last.len_bytes += len;
-                }
-                _ => extents.push(FileExtent { file, offset_bytes: at, len_bytes: len }),
-            }
+            push_extent(&mut extents, file, at, len);
         }
         debug_assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64);
+        self.client_io_bytes.fetch_add(len_bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(extents))
+    }
+
+    /// Where a write of `len_bytes` at `offset_bytes` may be put straight into member files
+    /// held in memory ([`Member::memory_file_for_write`]), in request order: for linear and
+    /// raid0 arrays (one copy, no parity, no write-intent bitmap) whose members are all such
+    /// files. The caller then puts the bytes there itself and calls [`flush`](Self::flush)
+    /// for FUA. What a write needs before its bytes land (the superblocks marked dirty) is
+    /// done before this returns. `Ok(None)` means "write normally"; errors are those of
+    /// `write` (read-only, out of range, a failed array).
+    pub async fn write_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {
+        self.check_writable("write")?;
+        self.check_io(offset_bytes, len_bytes as u64, true)?;
+        if !matches!(self.geometry.level(), Level::Linear | Level::Raid0) || self.intent.is_some() {
+            return Ok(None);
+        }
+        let start_sector = offset_bytes / SECTOR_BYTES;
+        let mut extents: Vec<FileExtent> = Vec::new();
+        for piece in self.writable_copies(start_sector, len_bytes as u64 / SECTOR_BYTES)? {
+            let slot = &self.slots[piece.role];
+            let Some(device) = slot.device().filter(|_| slot.replacement().is_none()) else { return Ok(None) };
+            let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
+            let len = piece.sectors * SECTOR_BYTES;
+            let Some(file) = device.member.memory_file_for_write(at, len) else { return Ok(None) };
+            push_extent(&mut extents, file, at, len);
+        }
+        assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64, "extents cover the write");
+        self.ensure_dirty().await?;
         self.client_io_bytes.fetch_add(len_bytes as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(Some(extents))
     }
@@ -282,5 +306,15 @@ impl<M: Member + ?Sized> Array<M> {
             batch_start += batch;
         }
         if fua { self.flush().await } else { Ok(()) }
+    }
+}
+
+/// Appends `len` bytes of `file` at `at`, merged into the last extent when they follow it.
+fn push_extent(extents: &mut Vec<FileExtent>, file: std::sync::Arc<std::fs::File>, at: u64, len: u64) {
+    match extents.last_mut() {
+        Some(last) if std::sync::Arc::ptr_eq(&last.file, &file) && last.offset_bytes + last.len_bytes == at => {
+            last.len_bytes += len;
+        }
+        _ => extents.push(FileExtent { file, offset_bytes: at, len_bytes: len }),
     }
 }

@@ -1,6 +1,8 @@
 //! `Array::read_in_place`: the member-file extents it hands out hold exactly the bytes a
 //! normal read returns, on every level without parity, and never name a copy that is
 //! failed or not yet rebuilt there; everything else reads normally (`None`).
+//! `Array::write_in_place`: on linear and raid0, bytes put where its extents say are what
+//! reads return; every other level, and members not in memory, write normally.
 
 use std::fs::File;
 use std::io;
@@ -18,7 +20,7 @@ const CHUNK_SECTORS: u32 = 128; // 64 KiB
 const MEMBER_DATA_SECTORS: u64 = 16 << 11; // 16 MiB
 
 /// A member that is a file on /dev/shm, read and written with plain pread/pwrite, and
-/// offered for in-place reads.
+/// offered for in-place reads and writes.
 struct ShmMember {
     name: String,
     file: Arc<File>,
@@ -59,6 +61,9 @@ impl Member for ShmMember {
     }
     fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
         (offset_bytes + len_bytes <= self.len_bytes).then(|| Arc::clone(&self.file))
+    }
+    fn memory_file_for_write(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
+        self.memory_file(offset_bytes, len_bytes)
     }
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
         Box::pin(std::future::ready(Ok(())))
@@ -195,4 +200,58 @@ fn parity_levels_and_members_not_in_memory_read_normally() {
     // Requests the array refuses are errors, as for `read`.
     assert!(raid0.read_in_place(raid0.size_bytes(), 512).is_err());
     assert!(raid0.read_in_place(100, 512).is_err());
+}
+
+/// Writes `data` where `extents` say, as the NBD server's socket receive does.
+fn put_in_place(extents: &[FileExtent], data: &[u8]) {
+    assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), data.len() as u64, "extents cover the write");
+    let mut at = 0usize;
+    for e in extents {
+        e.file.write_all_at(&data[at..at + e.len_bytes as usize], e.offset_bytes).unwrap();
+        at += e.len_bytes as usize;
+    }
+}
+
+#[test]
+fn linear_and_raid0_take_writes_in_place() {
+    let member_bytes = MEMBER_DATA_SECTORS * SECTOR_BYTES;
+    for (level, n) in [(Level::Linear, 2), (Level::Raid0, 3)] {
+        let members = shm_members(n);
+        let array = array_of(level, 0, &as_dyn(&members), None);
+        // Within a chunk, across chunks and members, unaligned to chunks, across the end of
+        // linear's first member; later writes overlap earlier ones.
+        let shapes = [(0u64, 512usize), (65024, 3 << 17), (member_bytes - (1 << 20), 2 << 20), (4096, 1 << 20)];
+        for (i, (offset, len)) in shapes.into_iter().enumerate() {
+            let data = pattern(len, 100 + i as u32);
+            let extents = block_on(array.write_in_place(offset, len)).unwrap().expect("in place");
+            put_in_place(&extents, &data);
+            let read = block_on(array.read(offset, len)).unwrap().to_vec();
+            assert!(read == data, "{level}: read differs from the in-place write at {offset}+{len}");
+        }
+        // Adjacent pieces on one file are one extent: linear inside one member is a single
+        // extent, three raid0 chunks are three (on three members).
+        let extents = block_on(array.write_in_place(0, 3 * 65536)).unwrap().unwrap();
+        assert_eq!(extents.len(), if level == Level::Linear { 1 } else { 3 }, "{level}");
+    }
+}
+
+#[test]
+fn copies_parity_and_members_not_in_memory_write_normally() {
+    for (level, layout, n) in [(Level::Raid1, 0, 2), (Level::Raid10, 0x102, 4), (Level::Raid5, 2, 3)] {
+        let array = array_of(level, layout, &as_dyn(&shm_members(n)), None);
+        assert!(block_on(array.write_in_place(0, 1 << 20)).unwrap().is_none(), "{level}");
+    }
+    let mixed: Vec<Arc<dyn Member>> = vec![
+        ShmMember::new("m0"),
+        Arc::new(MemoryMember::new("mem", DATA_OFFSET_BYTES + MEMBER_DATA_SECTORS * SECTOR_BYTES)),
+    ];
+    let raid0 = array_of(Level::Raid0, 0, &mixed, None);
+    assert!(block_on(raid0.write_in_place(0, 65536)).unwrap().is_some(), "a chunk on the file");
+    assert!(block_on(raid0.write_in_place(0, 2 * 65536)).unwrap().is_none(), "a chunk in memory");
+
+    // Requests the array refuses are errors, as for `write`.
+    assert!(block_on(raid0.write_in_place(raid0.size_bytes(), 512)).is_err(), "past the end");
+    assert!(block_on(raid0.write_in_place(100, 512)).is_err(), "unaligned");
+    raid0.set_read_only(true);
+    assert!(block_on(raid0.write_in_place(0, 65536)).is_err(), "read-only");
 }
