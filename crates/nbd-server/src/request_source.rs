@@ -73,6 +73,7 @@ impl RequestSource for tcp::OwnedReadHalf {
 
     unsafe fn poll_receive_into(&self, cx: &mut Context<'_>, regions: &[libc::iovec]) -> Poll<io::Result<usize>> {
         let stream: &TcpStream = self.as_ref();
+        let regions = &regions[..regions.len().min(libc::UIO_MAXIOV as usize)];
         let wanted: usize = regions.iter().map(|r| r.iov_len).sum();
         loop {
             ready!(stream.poll_read_ready(cx))?;
@@ -82,7 +83,7 @@ impl RequestSource for tcp::OwnedReadHalf {
                 let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
                 // The kernel only reads the iovec array itself.
                 msg.msg_iov = regions.as_ptr().cast_mut();
-                msg.msg_iovlen = regions.len().min(libc::UIO_MAXIOV as usize) as _;
+                msg.msg_iovlen = regions.len() as _;
                 // SAFETY: the descriptor is open; the iovecs point at writable memory no Rust
                 // reference covers (this function's contract).
                 let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, 0) };
@@ -100,7 +101,7 @@ impl RequestSource for tcp::OwnedReadHalf {
             });
             match received {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && short > 0 => return Poll::Ready(Ok(short)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
                 result => return Poll::Ready(result),
             }
         }

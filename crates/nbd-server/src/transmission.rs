@@ -466,7 +466,7 @@ async fn write_targets(t: &Transmission, offset: u64, len: u32) -> Option<Vec<Wr
     let covered: u64 = targets.iter().map(|t| u64::from(t.len)).sum();
     let inside = targets.iter().all(|t| t.mapping.iovec(t.offset, t.len as usize).is_some());
     if covered != u64::from(len) || !inside {
-        debug_assert!(false, "device gave write targets of {covered} bytes (inside: {inside}) for {len}");
+        debug!(covered, inside, "write targets do not fit the request; the write goes the normal way");
         return None;
     }
     Some(targets)

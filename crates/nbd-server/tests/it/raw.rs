@@ -832,6 +832,86 @@ impl BlockDevice for CountingInPlace {
     }
 }
 
+/// A device that takes in-place writes in 4 KiB targets, each 4 MiB further into its
+/// tmpfs file than the request offset: many targets per request (more than one `recvmsg`
+/// takes at once for 32 MiB), with the already-buffered start of a payload spanning several.
+struct FourKibTargets {
+    file: Arc<std::fs::File>,
+    mapping: Arc<nbd_server::FileMapping>,
+    size: u64,
+}
+
+const SHIFT: u64 = 4 << 20;
+
+impl BlockDevice for FourKibTargets {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo::full_featured(self.size, "4 KiB targets".into())
+    }
+    fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
+        use std::os::unix::fs::FileExt;
+        let mut data = vec![0u8; len as usize];
+        self.file.read_exact_at(&mut data, offset + SHIFT).unwrap();
+        Box::pin(std::future::ready(Ok(vec![ReadChunk::Data(Bytes::from(data))])))
+    }
+    fn write(&self, offset: u64, data: Bytes, _fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(&data, offset + SHIFT).unwrap();
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
+        let targets = (0..len.div_ceil(4096))
+            .map(|i| {
+                let at = u64::from(i) * 4096;
+                let piece = (len - i * 4096).min(4096);
+                WriteTarget { mapping: self.mapping.clone(), offset: offset + at + SHIFT, len: piece }
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(Some(targets))))
+    }
+    fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn trim(&self, _: u64, _: u64, _: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(std::future::ready(Err(nbd_server::DeviceError::new(nbd_server::DeviceErrorKind::Io, "unused"))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_received_into_many_targets_land_in_order() {
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").expect("a file on /dev/shm (tmpfs)");
+    let size = 48u64 << 20;
+    shm.as_file().set_len(size + SHIFT).unwrap();
+    let file = Arc::new(shm.reopen().unwrap());
+    let mapping = Arc::new(nbd_server::FileMapping::new(file.clone()).unwrap());
+    let device = FourKibTargets { file: file.clone(), mapping, size };
+    let server = ServerHandle::start(vec![Export::new("t", Arc::new(device))], ServerConfig::default()).await;
+    let mut c = Raw::connect(&server).await;
+    c.go("t", false, None).await;
+    // Pipelined, at unaligned offsets; the small one is copied, the others received in place.
+    let writes = [(0u64, 130 << 10), (5_000_001, 1 << 20), (7 << 20, 32 << 20), (40 << 20, 200_000), (41 << 20, 4096)];
+    for (i, &(offset, len)) in writes.iter().enumerate() {
+        c.request(0, cmd::WRITE, i as u64, offset, len as u32, &pattern(60 + i as u64, len)).await;
+    }
+    let mut answered: Vec<u64> = Vec::new();
+    for _ in writes {
+        let (error, cookie, _) = c.simple_reply(0).await;
+        assert_eq!(error, 0, "cookie {cookie}");
+        answered.push(cookie);
+    }
+    answered.sort();
+    assert_eq!(answered, (0..writes.len() as u64).collect::<Vec<_>>());
+    for (i, &(offset, len)) in writes.iter().enumerate() {
+        let want = pattern(60 + i as u64, len);
+        let mut got = vec![0u8; len];
+        std::os::unix::fs::FileExt::read_exact_at(&*file, &mut got, offset + SHIFT).unwrap();
+        assert!(got == want, "write {i} ({len} bytes at {offset}) landed wrong");
+    }
+    server.stop().await.unwrap();
+}
+
 /// Large WRITE payloads are received whole (the server asks the kernel not to wake it for
 /// less than the rest of the payload), into a buffer ("mem") or straight into the mapped
 /// pages of a tmpfs file ("counted"): whatever pieces and pauses they arrive in, each is
