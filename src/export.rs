@@ -7,7 +7,8 @@
 //! Reads of at least [`SEND_FILE_MIN_BYTES`] that the array can answer in place (members that are
 //! files in memory, a level without parity, healthy copies: `Array::read_in_place`) are
 //! handed over as file ranges, which the server sends with `sendfile`. Likewise, WRITEs of
-//! at least [`RECEIVE_IN_PLACE_MIN_BYTES`] that the array can take in place (members that
+//! at least `RECEIVE_IN_PLACE_MIN_BYTES` (the server asks only for those) that the array
+//! can take in place (members that
 //! are files in memory, linear or raid0: `Array::write_in_place`) are received by the
 //! server straight into shared mappings of the member files, made once per member file.
 //!
@@ -15,14 +16,13 @@
 //! [`WriteCache`] instead (one per array, so a FLUSH on any connection covers writes made on
 //! all of them and multi-conn stays safe).
 
-use std::fs::File;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use nbd_server::FileMapping;
+use nbd_server::FileMappings;
 use nbd_server::device::{
-    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, FileRange,
-    RECEIVE_IN_PLACE_MIN_BYTES, ReadChunk, SEND_FILE_MIN_BYTES, WriteTarget, ZeroFlags,
+    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, FileRange, ReadChunk,
+    SEND_FILE_MIN_BYTES, WriteTarget, ZeroFlags,
 };
 use nbd_server::protocol::consts::MAX_PAYLOAD_BYTES;
 use raid_core::engine::Array;
@@ -35,11 +35,8 @@ pub struct ArrayDevice {
     cache: Option<Arc<WriteCache<dyn Member>>>,
     info: DeviceInfo,
     /// Mappings of member files that took writes in place.
-    mappings: Mutex<Vec<MemberMapping>>,
+    mappings: FileMappings,
 }
-
-/// A member file and its shared mapping (`None`: mapping it failed).
-type MemberMapping = (Arc<File>, Option<Arc<FileMapping>>);
 
 impl ArrayDevice {
     pub fn new(array: Arc<Array<dyn Member>>, read_only: bool, description: String) -> Self {
@@ -52,25 +49,7 @@ impl ArrayDevice {
             preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors()),
             ..DeviceInfo::full_featured(array.size_bytes(), description)
         };
-        Self { array, cache: None, info, mappings: Mutex::new(Vec::new()) }
-    }
-
-    /// The shared mapping of a member file, made at its first in-place write. (The entry
-    /// holds the file, so its address names it for as long as the device lives.)
-    fn mapping_of(&self, file: &Arc<File>) -> Option<Arc<FileMapping>> {
-        let mut mappings = self.mappings.lock().expect("mapping list lock");
-        if let Some((_, mapping)) = mappings.iter().find(|(f, _)| Arc::ptr_eq(f, file)) {
-            return mapping.clone();
-        }
-        let mapping = match FileMapping::new(file.clone()) {
-            Ok(mapping) => Some(Arc::new(mapping)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot map a member file; writes to it are received into buffers");
-                None
-            }
-        };
-        mappings.push((file.clone(), mapping.clone()));
-        mapping
+        Self { array, cache: None, info, mappings: FileMappings::default() }
     }
 
     /// Serves through a write-back cache over the same array.
@@ -142,7 +121,7 @@ impl BlockDevice for ArrayDevice {
 
     fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
         Box::pin(async move {
-            if self.cache.is_some() || len < RECEIVE_IN_PLACE_MIN_BYTES {
+            if self.cache.is_some() {
                 return Ok(None);
             }
             let Some(extents) = self.array.write_in_place(offset, len as usize).await.map_err(to_device_error)? else {
@@ -150,7 +129,7 @@ impl BlockDevice for ArrayDevice {
             };
             let mut targets = Vec::with_capacity(extents.len());
             for e in extents {
-                let Some(mapping) = self.mapping_of(&e.file) else { return Ok(None) };
+                let Some(mapping) = self.mappings.of(&e.file) else { return Ok(None) };
                 let len = u32::try_from(e.len_bytes).expect("an extent is part of one request");
                 targets.push(WriteTarget { mapping, offset: e.offset_bytes, len });
             }

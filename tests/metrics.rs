@@ -478,12 +478,14 @@ fn raid0_in_memory_receives_large_writes_into_member_files() {
 
     let served = Served::start(d, "a", &extra, &members);
     let uri = served.uri("a");
-    qemu_io(&uri, &["write -P 0x11 0 16M", "write -P 0x22 1M 64K", "write -f -P 0x33 8M 1M"]);
+    qemu_io(&uri, &["write -P 0x11 0 16M"]);
+    assert_eq!(in_place(), (16 << 20) as f64);
+    assert!(state("m0").contains("active"), "marked dirty before data landed: {}", state("m0"));
+    qemu_io(&uri, &["write -P 0x22 1M 64K", "write -f -P 0x33 8M 1M"]);
     qemu_io(&uri, &written);
     assert_eq!(in_place(), (17 << 20) as f64, "the 16 MiB and the FUA 1 MiB write in place, the 64 KiB one copied");
     let to_members = scrape_checked(metrics_port).sum("raidnbd_member_written_bytes_total", &ex);
     assert!(to_members >= (17 << 20) as f64 + 65536.0, "members count in-place bytes as written: {to_members}");
-    assert!(state("m0").contains("active"), "marked dirty before data landed: {}", state("m0"));
     served.stop();
     assert!(state("m0").contains("clean"), "{}", state("m0"));
 

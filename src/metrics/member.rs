@@ -124,7 +124,8 @@ impl<M: Member> Member for MeteredMember<M> {
         Some(file)
     }
 
-    /// Likewise, bytes handed out for an in-place write count as written bytes.
+    /// Likewise, bytes handed out for an in-place write count as written bytes (again, in a
+    /// mixed array a write that then goes the normal way counts them twice).
     fn memory_file_for_write(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
         let file = self.inner.memory_file_for_write(offset_bytes, len_bytes)?;
         self.stats.op(MemberOp::Write).bytes.fetch_add(len_bytes, std::sync::atomic::Ordering::Relaxed);

@@ -17,9 +17,10 @@
 //!   fallocate zeroes through the block layer (write-zeroes / zero pages), like BLKZEROOUT.
 //! - Read-only members fail writes, discards and zeroing with EROFS.
 //! - A member whose file is unlinked while open keeps working (the fd pins the inode).
-//! - `memory_file`: a buffered regular file on tmpfs/ramfs hands out its `File` for
-//!   in-place reads (any engine; in range, and only while the file still holds the range);
-//!   O_DIRECT files and devices never do.
+//! - `memory_file`: a buffered regular file on tmpfs/ramfs hands out its `File` (the same
+//!   `Arc` every time) for in-place reads (any engine; in range, and only while the file
+//!   still holds the range); `memory_file_for_write` likewise for in-place writes, unless the
+//!   member is read-only. O_DIRECT files and devices never do.
 
 use std::io;
 use std::path::Path;

@@ -239,8 +239,13 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// into, instead of being passed to [`write`](Self::write): pages of mapped files (in
     /// memory), in request order, covering the request exactly. The server then receives the
     /// bytes there and calls [`write_received`](Self::write_received). `None` (the default)
-    /// means "pass it to `write`"; so does an error (`write` then reports it). Asked only for
-    /// WRITEs of at least [`RECEIVE_IN_PLACE_MIN_BYTES`] whose payload is not yet received.
+    /// means "pass it to `write`"; so does an error (`write` then reports it). Asked only on
+    /// TCP, for WRITEs of at least [`RECEIVE_IN_PLACE_MIN_BYTES`] and at most the device's
+    /// `max_payload_bytes` whose payload is not yet all received. A target the kernel cannot
+    /// copy into (a page past the end of a truncated file, no room on tmpfs) is written with
+    /// `pwrite` instead, which reports such errors. Nothing tells the device if the
+    /// connection fails before `write_received`, so this must not take anything that only
+    /// `write_received` gives back.
     ///
     /// Contract: whatever must happen before the bytes land (e.g. marking an array dirty) is
     /// done when this returns; the write is complete once `write_received` returns. If the

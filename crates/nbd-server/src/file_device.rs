@@ -27,7 +27,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -37,7 +37,7 @@ use crate::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,
     SEND_FILE_MIN_BYTES, WriteTarget, ZeroFlags,
 };
-use crate::file_mapping::FileMapping;
+use crate::file_mapping::FileMappings;
 
 /// Block status stops after this many extents (the rest of the range is left undescribed,
 /// which the protocol allows).
@@ -58,8 +58,8 @@ pub struct FileDevice {
     send_file_reads: bool,
     /// Offer large writes a mapping of the file to be received into (memory-backed only).
     receive_writes_in_place: bool,
-    /// That mapping, made at the first such write (`None` if mapping failed).
-    mapping: OnceLock<Option<Arc<FileMapping>>>,
+    /// That mapping, made at the first such write.
+    mapping: FileMappings,
 }
 
 /// Whether `file` is a regular file living in memory (tmpfs, ramfs), where I/O syscalls
@@ -110,7 +110,7 @@ impl FileDevice {
             inline_io,
             send_file_reads: inline_io,
             receive_writes_in_place: inline_io && !read_only,
-            mapping: OnceLock::new(),
+            mapping: FileMappings::default(),
         })
     }
 
@@ -140,7 +140,8 @@ impl FileDevice {
 
     /// Offers WRITEs of 128 KiB and more a shared mapping of the file to be received into
     /// ([`BlockDevice::write_targets`]; `true` by default on writable memory-backed files).
-    /// Only sound for a file whose pages are in memory.
+    /// Only sensible for a file whose pages are in memory (elsewhere the receive would wait
+    /// on page faults).
     pub fn set_receive_writes_in_place(&mut self, enabled: bool) {
         self.receive_writes_in_place = enabled && !self.info.read_only;
     }
@@ -281,18 +282,10 @@ impl BlockDevice for FileDevice {
     }
 
     fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
-        let mapping = self.receive_writes_in_place.then(|| {
-            self.mapping.get_or_init(|| match FileMapping::new(self.file.clone()) {
-                Ok(mapping) => Some(Arc::new(mapping)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot map the file; writes are received into buffers");
-                    None
-                }
-            })
-        });
+        let mapping = self.receive_writes_in_place.then(|| self.mapping.of(&self.file)).flatten();
         let target = match mapping {
-            Some(Some(mapping)) if offset + u64::from(len) <= mapping.len_bytes() => {
-                Some(vec![WriteTarget { mapping: mapping.clone(), offset, len }])
+            Some(mapping) if offset + u64::from(len) <= mapping.len_bytes() => {
+                Some(vec![WriteTarget { mapping, offset, len }])
             }
             _ => None,
         };

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A shared, writable mapping of a whole file, as long as it was when mapped.
 pub struct FileMapping {
@@ -87,5 +87,40 @@ impl Drop for FileMapping {
         // SAFETY: unmaps exactly what `new` mapped; no address into it outlives `self`
         // (iovecs are only used while their owner holds an `Arc<FileMapping>`).
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
+    }
+}
+
+/// The mappings a device made of its files, one per file, made at first use and kept for
+/// the life of the device. A file that cannot be mapped is logged once and remembered as
+/// such (its writes are then received into buffers).
+///
+/// Files are told apart by their `Arc`: the caller must hand the same `Arc<File>` for a
+/// file each time (an entry holds it, so its address cannot be reused for another file).
+/// Memory accounting: pages written through a mapping stay mapped, so they count in the
+/// process's resident size (as shared memory) though they belong to the files.
+#[derive(Default)]
+pub struct FileMappings {
+    entries: Mutex<Vec<MappedFile>>,
+}
+
+/// A file and its mapping (`None`: it could not be mapped).
+type MappedFile = (Arc<File>, Option<Arc<FileMapping>>);
+
+impl FileMappings {
+    /// The mapping of `file` (open for reading and writing), made now if it is the first call.
+    pub fn of(&self, file: &Arc<File>) -> Option<Arc<FileMapping>> {
+        let mut entries = self.entries.lock().expect("mapping list lock");
+        if let Some((_, mapping)) = entries.iter().find(|(f, _)| Arc::ptr_eq(f, file)) {
+            return mapping.clone();
+        }
+        let mapping = match FileMapping::new(file.clone()) {
+            Ok(mapping) => Some(Arc::new(mapping)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot map a file; writes to it are received into buffers");
+                None
+            }
+        };
+        entries.push((file.clone(), mapping.clone()));
+        mapping
     }
 }

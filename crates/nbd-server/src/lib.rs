@@ -66,7 +66,7 @@ pub use device::{
 };
 pub use error::{Error, Result, device_errno};
 pub use file_device::FileDevice;
-pub use file_mapping::FileMapping;
+pub use file_mapping::{FileMapping, FileMappings};
 pub use listener::{GenericStream, NbdListener, NbdStream, Server};
 pub use memory_device::MemoryDevice;
 pub use request_source::RequestSource;

@@ -37,8 +37,8 @@ pub trait RequestSource: AsyncRead + Unpin + Send + 'static {
         false
     }
 
-    /// Receives queued bytes straight into `regions`, in order, up to their total length;
-    /// `Ok(0)` at the end of the stream. Only called when
+    /// Receives queued bytes straight into `regions` (at most `UIO_MAXIOV` of them per call),
+    /// in order, up to their total length; `Ok(0)` at the end of the stream. Only called when
     /// [`receives_in_place`](Self::receives_in_place); the default fails.
     ///
     /// # Safety
@@ -90,10 +90,12 @@ impl RequestSource for tcp::OwnedReadHalf {
                 if n < 0 {
                     return Err(io::Error::last_os_error());
                 }
-                // A short read drained the socket: report "would block" so tokio forgets the
-                // readiness, as its own reads do, and the next poll waits for the wake
-                // threshold instead of taking each segment as it lands.
-                if n > 0 && (n as usize) < wanted {
+                // A short read that drained the socket: report "would block" so tokio forgets
+                // the readiness, as its own reads do, and the next poll waits for the wake
+                // threshold instead of taking each segment as it lands. (A short read can also
+                // stop at a fault with bytes still queued; then the readiness stays, so the
+                // next call sees the fault.)
+                if n > 0 && (n as usize) < wanted && queued_bytes(stream.as_raw_fd()) == 0 {
                     short = n as usize;
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
@@ -106,6 +108,14 @@ impl RequestSource for tcp::OwnedReadHalf {
             }
         }
     }
+}
+
+/// Bytes queued to be received on a socket (`SIOCINQ`); unknown counts as some.
+fn queued_bytes(fd: std::os::fd::RawFd) -> usize {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: the descriptor is open; SIOCINQ writes one int to the pointer.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) };
+    if r < 0 { 1 } else { queued.max(0) as usize }
 }
 
 /// Linux Unix sockets honour the threshold only in blocking reads, not in readiness: no-op.

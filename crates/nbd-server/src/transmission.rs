@@ -6,7 +6,8 @@
 //!        │                                                          (behind one mutex)
 //!   read_loop ── header ─ validate ─┬─ rejected / small and ready ─▶ local batch ──┐ ▲
 //!   (slot permit, byte permits,     │                                               ├─┘ vectored
-//!    WRITE payload → Bytes)         └─ spawn(execute) ─ device ─▶ mpsc ─▶ write_loop ┘   writes
+//!    WRITE payload → Bytes or       └─ spawn(execute) ─ device ─▶ mpsc ─▶ write_loop ┘   writes
+//!    the device's mapped pages)
 //! ```
 //!
 //! Requests that complete at once (rejections, small requests on a device that answers
@@ -19,7 +20,9 @@
 //! A large WRITE (128 KiB and up) is spawned and the reader then yields, so the write's
 //! copy runs on the core that received its payload while another worker goes on reading
 //! (`yield_to_the_spawned_task`); its payload is received whole, not segment by segment
-//! (`request_source.rs`). All of them write whole batches under the same mutex, so
+//! (`request_source.rs`), and where the device offers mapped file pages
+//! (`BlockDevice::write_targets`) it is received straight into them, after which there is
+//! nothing left to copy and the reader answers it itself. All of them write whole batches under the same mutex, so
 //! replies never interleave on the wire; their order is completion order. READ data that
 //! the device returned as a file range goes out with `sendfile` in the middle of a batch
 //! (`send_file.rs`).
@@ -238,7 +241,7 @@ where
             offset = header.offset,
             len = header.length
         );
-        let in_place = matches!(payload, Some(Payload::Received));
+        let in_place = matches!(payload, Some(Payload::Received | Payload::Failed(_)));
         let ctx = RequestCtx {
             device: t.device.clone(),
             cookie: header.cookie,
@@ -336,6 +339,8 @@ enum Payload {
     Data(Bytes),
     /// Received into the device's [`WriteTarget`]s; the write completes with `write_received`.
     Received,
+    /// Consumed, but it could not be put into the device's targets.
+    Failed(DeviceError),
 }
 
 /// A request read off the wire, validated (or refused), holding its permits.
@@ -424,7 +429,8 @@ impl<R: RequestSource, W: ReplySink> Reader<'_, R, W> {
                     let received = match targets {
                         Some(targets) => {
                             let receive = receive_in_place(&mut self.reader, &mut self.buf, &targets, payload);
-                            gate.interruptible(receive).await.map(|r| r.map(|()| Payload::Received))
+                            let received = gate.interruptible(receive).await;
+                            received.map(|r| r.map(|put| put.map_or_else(Payload::Failed, |()| Payload::Received)))
                         }
                         None => {
                             let read = read_payload(&mut self.reader, &mut self.buf, payload);
@@ -474,32 +480,37 @@ async fn write_targets(t: &Transmission, offset: u64, len: u32) -> Option<Vec<Wr
 
 /// Receives a WRITE payload of `len` bytes into `targets` (the device's mapped file pages):
 /// the buffered part is written with `pwrite`, the rest received by the kernel straight
-/// into the mappings, whole if it is large.
+/// into the mappings, whole if it is large. `Ok(Err(_))`: the payload was consumed but could
+/// not be put in place (e.g. no space for a page of a full tmpfs); the WRITE fails with that
+/// error and the connection goes on.
+///
+/// When the kernel cannot copy into a mapped page (`EFAULT`: a page past the end of a
+/// truncated file, or one tmpfs has no room for), the rest of the payload is read into a
+/// buffer and written with `pwrite`, which reports such errors as errors.
 async fn receive_in_place<R: RequestSource>(
     reader: &mut R,
     buf: &mut BytesMut,
     targets: &[WriteTarget],
     len: usize,
-) -> Result<()> {
-    use std::os::unix::fs::FileExt;
+) -> Result<DeviceResult<()>> {
     debug_assert!(buf.len() < len);
+    let buffered = buf.split().freeze();
+    if let Err(e) = write_at_targets(targets, 0, &buffered) {
+        discard(reader, buf, (len - buffered.len()) as u64).await?;
+        return Ok(Err(e));
+    }
     let mut iovecs = IoVecs(Vec::with_capacity(targets.len()));
-    let mut skip = buf.len();
+    let mut skip = buffered.len();
     for target in targets {
         let target_len = target.len as usize;
-        let buffered = skip.min(target_len);
-        if buffered > 0 {
-            let at = buf.len() - skip;
-            target.mapping.file().write_all_at(&buf[at..at + buffered], target.offset)?;
-            skip -= buffered;
-        }
-        if buffered < target_len {
-            let iovec = target.mapping.iovec(target.offset + buffered as u64, target_len - buffered);
+        let in_buffer = skip.min(target_len);
+        skip -= in_buffer;
+        if in_buffer < target_len {
+            let iovec = target.mapping.iovec(target.offset + in_buffer as u64, target_len - in_buffer);
             iovecs.0.push(iovec.expect("targets were checked to lie inside their mappings"));
         }
     }
-    let mut done = buf.len();
-    buf.clear();
+    let mut done = buffered.len();
     let mut first = 0;
     let mut threshold = WakeThreshold::default();
     while done < len {
@@ -508,7 +519,16 @@ async fn receive_in_place<R: RequestSource>(
         // SAFETY: the iovecs point into mappings `targets` keeps alive across the call; the
         // crate never makes references into mapped memory (file_mapping.rs).
         let receive = move |cx: &mut Context<'_>| unsafe { source.poll_receive_into(cx, &list.0[first..]) };
-        let n = std::future::poll_fn(receive).await?;
+        let n = match std::future::poll_fn(receive).await {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                threshold.finish(reader)?;
+                debug!(received = done, len, "cannot receive into the mapping; the rest goes with pwrite");
+                let rest = read_payload(reader, buf, len - done).await?;
+                return Ok(write_at_targets(targets, done, &rest));
+            }
+            Err(e) => return Err(e.into()),
+        };
         if n == 0 {
             return Err(Error::UnexpectedEof);
         }
@@ -516,6 +536,26 @@ async fn receive_in_place<R: RequestSource>(
         first += advance_iovecs(&mut iovecs.0[first..], n);
     }
     threshold.finish(reader)?;
+    Ok(Ok(()))
+}
+
+/// Writes `data`, the payload's bytes from position `from`, where `targets` put them.
+fn write_at_targets(targets: &[WriteTarget], from: usize, data: &[u8]) -> DeviceResult<()> {
+    use std::os::unix::fs::FileExt;
+    let (mut position, mut written) = (0usize, 0usize);
+    for target in targets {
+        let target_len = target.len as usize;
+        let (start, end) = (from + written, position + target_len);
+        if written < data.len() && start < end {
+            let n = (end - start).min(data.len() - written);
+            let at = target.offset + (start - position) as u64;
+            let file = target.mapping.file();
+            file.write_all_at(&data[written..written + n], at).map_err(|e| DeviceError::from_io(&e).at(at))?;
+            written += n;
+        }
+        position = end;
+    }
+    debug_assert_eq!(written, data.len(), "the targets cover the payload");
     Ok(())
 }
 
@@ -545,8 +585,8 @@ fn advance_iovecs(iovecs: &mut [libc::iovec], mut n: usize) -> usize {
 }
 
 /// The wake threshold (`RequestSource::set_wake_threshold`) while one payload is received.
-/// It is never more than what is still to come: bytes of the next request may not be sent
-/// before this one is answered.
+/// It is never more than what is still to come: the client may wait for this reply before it
+/// sends anything more.
 #[derive(Default)]
 struct WakeThreshold {
     /// 0: never set (the socket's is 1).
@@ -630,6 +670,7 @@ impl RequestCtx {
             Request::Write { offset, len, fua } => {
                 let result = match payload {
                     Some(Payload::Received) => self.device.write_received(offset, len, fua).await,
+                    Some(Payload::Failed(e)) => Err(e),
                     Some(Payload::Data(data)) => {
                         debug_assert_eq!(data.len(), len as usize);
                         self.write(offset, data, fua).await
@@ -929,7 +970,6 @@ mod tests {
             let mut buf = BytesMut::from(&data[..buffered]);
             let payload = read_payload(&mut reader, &mut buf, len).await.unwrap();
             assert!(payload[..] == data[..], "payload bytes in order");
-            assert!(buf.is_empty());
             assert_eq!(*reader.threshold.lock().unwrap(), 1, "threshold restored for the next header");
             let set = reader.thresholds_set.into_inner().unwrap();
             if len - buffered >= WAKE_FOR_PAYLOAD_MIN_BYTES {

@@ -81,7 +81,8 @@ pub trait Member: Send + Sync {
 
     /// Like [`memory_file`](Self::memory_file), for writing the range in place (the caller
     /// puts the bytes into the file's pages itself, e.g. a socket receive into a mapping of
-    /// it): only for a member open for writing. `None` by default and from wrappers.
+    /// it): only for a member open for writing. A member returns the same `Arc` every time
+    /// (callers keep one mapping per file). `None` by default and from wrappers.
     fn memory_file_for_write(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
         let _ = (offset_bytes, len_bytes);
         None

@@ -106,7 +106,7 @@ impl<M: Member + ?Sized> Array<M> {
             let Some(file) = device.member.memory_file_for_write(at, len) else { return Ok(None) };
             push_extent(&mut extents, file, at, len);
         }
-        assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64, "extents cover the write");
+        debug_assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64, "extents cover the write");
         self.ensure_dirty().await?;
         self.client_io_bytes.fetch_add(len_bytes as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(Some(extents))
