@@ -10,7 +10,8 @@
 //! never read or written through Rust references, so other writers of the same file
 //! (`pwrite`, other connections) are no aliasing concern, and a file truncated under the
 //! mapping makes the receive fail with `EFAULT` (a kernel copy into a page past the end of
-//! the file is an error, not a `SIGBUS`), which ends that connection.
+//! the file, or one a full tmpfs cannot allocate, is an error, not a `SIGBUS`); the server
+//! then writes the rest of that payload with `pwrite`.
 
 use std::fs::File;
 use std::io;
