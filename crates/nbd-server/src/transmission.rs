@@ -22,10 +22,10 @@
 //! (`yield_to_the_spawned_task`); its payload is received whole, not segment by segment
 //! (`request_source.rs`), and where the device offers mapped file pages
 //! (`BlockDevice::write_targets`) it is received straight into them, after which there is
-//! nothing left to copy and the reader answers it itself. All of them write whole batches under the same mutex, so
-//! replies never interleave on the wire; their order is completion order. READ data that
-//! the device returned as a file range goes out with `sendfile` in the middle of a batch
-//! (`send_file.rs`).
+//! nothing left to copy and the reader answers it itself. All of them write whole batches
+//! under the same mutex, so replies never interleave on the wire; their order is completion
+//! order. READ data that the device returned as a file range goes out with `sendfile` in
+//! the middle of a batch (`send_file.rs`).
 //!
 //! Bounds: a request first takes a per-connection slot (at most
 //! `max_requests_per_connection` in flight; when none is free the socket is not read, so
