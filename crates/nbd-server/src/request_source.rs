@@ -38,7 +38,11 @@ pub trait RequestSource: AsyncRead + Unpin + Send + 'static {
     }
 
     /// Receives queued bytes straight into `regions` (at most `UIO_MAXIOV` of them per call),
-    /// in order, up to their total length; `Ok(0)` at the end of the stream. Only called when
+    /// in order, up to their total length; `Ok(0)` at the end of the stream. After a short
+    /// read the stream forgets its readiness (as tokio's own reads do), so the next call
+    /// waits for the wake threshold; the caller then sets the threshold again (even if
+    /// unchanged), which makes the kernel re-check what is queued: a read that stopped
+    /// short at a fault, with bytes still queued, is not left waiting. Only called when
     /// [`receives_in_place`](Self::receives_in_place); the default fails.
     ///
     /// # Safety
@@ -90,12 +94,10 @@ impl RequestSource for tcp::OwnedReadHalf {
                 if n < 0 {
                     return Err(io::Error::last_os_error());
                 }
-                // A short read that drained the socket: report "would block" so tokio forgets
-                // the readiness, as its own reads do, and the next poll waits for the wake
-                // threshold instead of taking each segment as it lands. (A short read can also
-                // stop at a fault with bytes still queued; then the readiness stays, so the
-                // next call sees the fault.)
-                if n > 0 && (n as usize) < wanted && queued_bytes(stream.as_raw_fd()) == 0 {
+                // A short read: report "would block" so tokio forgets the readiness, as its own
+                // reads do, and the next poll waits for the wake threshold instead of taking
+                // each segment as it lands.
+                if n > 0 && (n as usize) < wanted {
                     short = n as usize;
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
@@ -108,14 +110,6 @@ impl RequestSource for tcp::OwnedReadHalf {
             }
         }
     }
-}
-
-/// Bytes queued to be received on a socket (`SIOCINQ`); unknown counts as some.
-fn queued_bytes(fd: std::os::fd::RawFd) -> usize {
-    let mut queued: libc::c_int = 0;
-    // SAFETY: the descriptor is open; SIOCINQ writes one int to the pointer.
-    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) };
-    if r < 0 { 1 } else { queued.max(0) as usize }
 }
 
 /// Linux Unix sockets honour the threshold only in blocking reads, not in readiness: no-op.

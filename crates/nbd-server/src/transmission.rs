@@ -513,8 +513,9 @@ async fn receive_in_place<R: RequestSource>(
     let mut done = buffered.len();
     let mut first = 0;
     let mut threshold = WakeThreshold::default();
+    let mut short = false;
     while done < len {
-        threshold.before_read(reader, len - done)?;
+        threshold.before_read(reader, len - done, short)?;
         let (source, list) = (&mut *reader, &mut iovecs);
         // SAFETY: the iovecs point into mappings `targets` keeps alive across the call; the
         // crate never makes references into mapped memory (file_mapping.rs).
@@ -532,6 +533,7 @@ async fn receive_in_place<R: RequestSource>(
         if n == 0 {
             return Err(Error::UnexpectedEof);
         }
+        short = n < len - done; // (or a full read of the first UIO_MAXIOV regions: harmless)
         done += n;
         first += advance_iovecs(&mut iovecs.0[first..], n);
     }
@@ -594,10 +596,11 @@ struct WakeThreshold {
 }
 
 impl WakeThreshold {
-    /// Before waiting for more of a payload with `remaining` bytes to come.
-    fn before_read<R: RequestSource>(&mut self, reader: &R, remaining: usize) -> Result<()> {
+    /// Before waiting for more of a payload with `remaining` bytes to come; `rearm` sets the
+    /// threshold even if unchanged (see `RequestSource::poll_receive_into`).
+    fn before_read<R: RequestSource>(&mut self, reader: &R, remaining: usize, rearm: bool) -> Result<()> {
         let wanted = if remaining >= WAKE_FOR_PAYLOAD_MIN_BYTES { remaining } else { 1 };
-        if wanted != self.current.max(1) {
+        if wanted != self.current.max(1) || rearm {
             reader.set_wake_threshold(wanted)?;
             self.current = wanted;
         }
@@ -626,7 +629,7 @@ async fn read_payload<R: RequestSource>(reader: &mut R, buf: &mut BytesMut, len:
     let mut threshold = WakeThreshold::default();
     while payload.len() < len {
         let remaining = len - payload.len();
-        threshold.before_read(reader, remaining)?;
+        threshold.before_read(reader, remaining, false)?;
         if (&mut *reader).take(remaining as u64).read_buf(&mut payload).await? == 0 {
             return Err(Error::UnexpectedEof);
         }
