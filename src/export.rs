@@ -8,9 +8,9 @@
 //! files in memory, a level without parity, healthy copies: `Array::read_in_place`) are
 //! handed over as file ranges, which the server sends with `sendfile`. Likewise, WRITEs of
 //! at least `RECEIVE_IN_PLACE_MIN_BYTES` (the server asks only for those) that the array
-//! can take in place (members that
-//! are files in memory, linear or raid0: `Array::write_in_place`) are received by the
-//! server straight into shared mappings of the member files, made once per member file.
+//! can take in place (members that are files in memory, linear or raid0:
+//! `Array::write_in_place`) are received by the server straight into shared mappings of the
+//! member files, made once per member file.
 //!
 //! With `serve --cache writeback` every request goes through the array's one shared
 //! [`WriteCache`] instead (one per array, so a FLUSH on any connection covers writes made on

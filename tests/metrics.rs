@@ -407,7 +407,7 @@ fn qemu_io(uri: &str, commands: &[&str]) {
 /// member, a member being rebuilt and the write-back cache never let stale bytes through.
 #[test]
 fn raid1_in_memory_sends_reads_from_member_files_and_never_stale_ones() {
-    let dir = tempfile::Builder::new().prefix("raidnbd-e2e").tempdir_in("/dev/shm").expect("/dev/shm");
+    let dir = shm_tempdir();
     let d = dir.path();
     let members = ["m0", "m1"];
     assert_ok(&raidnbd(d, &[&["create", "--level", "1", "--size", "32M"][..], &members].concat()));
@@ -456,7 +456,7 @@ fn raid1_in_memory_sends_reads_from_member_files_and_never_stale_ones() {
 /// and behind the write-back cache nothing is written in place.
 #[test]
 fn raid0_in_memory_receives_large_writes_into_member_files() {
-    let dir = tempfile::Builder::new().prefix("raidnbd-e2e").tempdir_in("/dev/shm").expect("/dev/shm");
+    let dir = shm_tempdir();
     let d = dir.path();
     let members = ["m0", "m1"];
     assert_ok(&raidnbd(d, &[&["create", "--level", "0", "--size", "32M"][..], &members].concat()));

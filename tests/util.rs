@@ -45,6 +45,11 @@ pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("raidnbd-e2e").tempdir_in(std::env::temp_dir()).expect("tempdir")
 }
 
+/// A temporary directory on /dev/shm (tmpfs): member files there are files in memory.
+pub fn shm_tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("raidnbd-e2e").tempdir_in("/dev/shm").expect("a directory on /dev/shm")
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }

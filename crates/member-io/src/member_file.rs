@@ -76,7 +76,7 @@ impl MemberFile {
     pub(crate) fn is_read_only(&self) -> bool {
         self.read_only
     }
-    /// The file, if it is a buffered file in memory whose bytes may be read in place.
+    /// The file, if it is a buffered file in memory whose bytes may be read or written in place.
     pub(crate) fn memory_file(&self) -> Option<&Arc<File>> {
         self.in_memory.then_some(&self.file)
     }

@@ -282,13 +282,9 @@ impl BlockDevice for FileDevice {
     }
 
     fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
+        // (The server checks that the range lies inside the mapping.)
         let mapping = self.receive_writes_in_place.then(|| self.mapping.of(&self.file)).flatten();
-        let target = match mapping {
-            Some(mapping) if offset + u64::from(len) <= mapping.len_bytes() => {
-                Some(vec![WriteTarget { mapping, offset, len }])
-            }
-            _ => None,
-        };
+        let target = mapping.map(|mapping| vec![WriteTarget { mapping, offset, len }]);
         Box::pin(std::future::ready(Ok(target)))
     }
 

@@ -499,17 +499,9 @@ async fn receive_in_place<R: RequestSource>(
         discard(reader, buf, (len - buffered.len()) as u64).await?;
         return Ok(Err(e));
     }
-    let mut iovecs = IoVecs(Vec::with_capacity(targets.len()));
-    let mut skip = buffered.len();
-    for target in targets {
-        let target_len = target.len as usize;
-        let in_buffer = skip.min(target_len);
-        skip -= in_buffer;
-        if in_buffer < target_len {
-            let iovec = target.mapping.iovec(target.offset + in_buffer as u64, target_len - in_buffer);
-            iovecs.0.push(iovec.expect("targets were checked to lie inside their mappings"));
-        }
-    }
+    let rest = target_pieces(targets, buffered.len(), len - buffered.len());
+    let iovecs = rest.map(|(target, at, n)| target.mapping.iovec(at, n).expect("targets lie inside their mappings"));
+    let mut iovecs = IoVecs(iovecs.collect());
     let mut done = buffered.len();
     let mut first = 0;
     let mut threshold = WakeThreshold::default();
@@ -544,21 +536,26 @@ async fn receive_in_place<R: RequestSource>(
 /// Writes `data`, the payload's bytes from position `from`, where `targets` put them.
 fn write_at_targets(targets: &[WriteTarget], from: usize, data: &[u8]) -> DeviceResult<()> {
     use std::os::unix::fs::FileExt;
-    let (mut position, mut written) = (0usize, 0usize);
-    for target in targets {
-        let target_len = target.len as usize;
-        let (start, end) = (from + written, position + target_len);
-        if written < data.len() && start < end {
-            let n = (end - start).min(data.len() - written);
-            let at = target.offset + (start - position) as u64;
-            let file = target.mapping.file();
-            file.write_all_at(&data[written..written + n], at).map_err(|e| DeviceError::from_io(&e).at(at))?;
-            written += n;
-        }
-        position = end;
+    let mut written = 0;
+    for (target, at, n) in target_pieces(targets, from, data.len()) {
+        target.mapping.file().write_all_at(&data[written..written + n], at).map_err(|e| DeviceError::from_io(&e))?;
+        written += n;
     }
     debug_assert_eq!(written, data.len(), "the targets cover the payload");
     Ok(())
+}
+
+/// Where the payload's bytes `[from, from + len)` go: (target, file offset, length) pieces,
+/// in order.
+fn target_pieces(targets: &[WriteTarget], from: usize, len: usize) -> impl Iterator<Item = (&WriteTarget, u64, usize)> {
+    let end = from + len;
+    let mut position = 0;
+    targets.iter().filter_map(move |target| {
+        let (start, stop) = (position, position + target.len as usize);
+        position = stop;
+        let (first, last) = (start.max(from), stop.min(end));
+        (first < last).then(|| (target, target.offset + (first - start) as u64, last - first))
+    })
 }
 
 /// Iovecs into mapped file pages, kept across awaits.

@@ -6,10 +6,14 @@
 //! raid1/raid10 writes lock their range so two overlapping writes cannot leave the
 //! copies different (md leaves that to the filesystem; a scrub would flag it).
 
+use std::fs::File;
+use std::sync::Arc;
+
 use futures::future::join_all;
 
 use super::io::{Piece, coalesce};
 use super::read_data::{FileExtent, ReadAssembler, ReadData};
+use super::slot::{Device, Slot};
 use super::{Array, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
@@ -70,17 +74,11 @@ impl<M: Member + ?Sized> Array<M> {
         {
             return Ok(None);
         }
-        let mut extents: Vec<FileExtent> = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            let Some(device) = self.slots[piece.role].device() else { return Ok(None) };
-            let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
-            let len = piece.sectors * SECTOR_BYTES;
-            let Some(file) = device.member.memory_file(at, len) else { return Ok(None) };
-            push_extent(&mut extents, file, at, len);
+        let extents = self.file_extents(pieces, len_bytes, |_, device, at, len| device.member.memory_file(at, len));
+        if extents.is_some() {
+            self.client_io_bytes.fetch_add(len_bytes as u64, std::sync::atomic::Ordering::Relaxed);
         }
-        debug_assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64);
-        self.client_io_bytes.fetch_add(len_bytes as u64, std::sync::atomic::Ordering::Relaxed);
-        Ok(Some(extents))
+        Ok(extents)
     }
 
     /// Where a write of `len_bytes` at `offset_bytes` may be put straight into member files
@@ -96,20 +94,42 @@ impl<M: Member + ?Sized> Array<M> {
         if !matches!(self.geometry.level(), Level::Linear | Level::Raid0) || self.intent.is_some() {
             return Ok(None);
         }
-        let start_sector = offset_bytes / SECTOR_BYTES;
-        let mut extents: Vec<FileExtent> = Vec::new();
-        for piece in self.writable_copies(start_sector, len_bytes as u64 / SECTOR_BYTES)? {
-            let slot = &self.slots[piece.role];
-            let Some(device) = slot.device().filter(|_| slot.replacement().is_none()) else { return Ok(None) };
-            let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
-            let len = piece.sectors * SECTOR_BYTES;
-            let Some(file) = device.member.memory_file_for_write(at, len) else { return Ok(None) };
-            push_extent(&mut extents, file, at, len);
-        }
-        debug_assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64, "extents cover the write");
+        let pieces = self.writable_copies(offset_bytes / SECTOR_BYTES, len_bytes as u64 / SECTOR_BYTES)?;
+        let Some(extents) = self.file_extents(pieces, len_bytes, |slot, device, at, len| {
+            slot.replacement().is_none().then(|| device.member.memory_file_for_write(at, len)).flatten()
+        }) else {
+            return Ok(None);
+        };
         self.ensure_dirty().await?;
         self.client_io_bytes.fetch_add(len_bytes as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(Some(extents))
+    }
+
+    /// The member-file extents holding `pieces` (`len_bytes` in all), in order, merged where
+    /// they follow each other in one file, if `file_of` offers a file for every piece (given
+    /// its slot, its device, and the member offset and length).
+    fn file_extents(
+        &self,
+        pieces: Vec<Piece>,
+        len_bytes: usize,
+        file_of: impl Fn(&Slot<M>, &Device<M>, u64, u64) -> Option<Arc<File>>,
+    ) -> Option<Vec<FileExtent>> {
+        let mut extents: Vec<FileExtent> = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let slot = &self.slots[piece.role];
+            let device = slot.device()?;
+            let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
+            let len = piece.sectors * SECTOR_BYTES;
+            let file = file_of(slot, &device, at, len)?;
+            match extents.last_mut() {
+                Some(last) if Arc::ptr_eq(&last.file, &file) && last.offset_bytes + last.len_bytes == at => {
+                    last.len_bytes += len;
+                }
+                _ => extents.push(FileExtent { file, offset_bytes: at, len_bytes: len }),
+            }
+        }
+        debug_assert_eq!(extents.iter().map(|e| e.len_bytes).sum::<u64>(), len_bytes as u64, "extents cover it");
+        Some(extents)
     }
 
     /// Picks, for each piece of `[sector, sector + sectors)`, a readable copy: the one the
@@ -306,15 +326,5 @@ impl<M: Member + ?Sized> Array<M> {
             batch_start += batch;
         }
         if fua { self.flush().await } else { Ok(()) }
-    }
-}
-
-/// Appends `len` bytes of `file` at `at`, merged into the last extent when they follow it.
-fn push_extent(extents: &mut Vec<FileExtent>, file: std::sync::Arc<std::fs::File>, at: u64, len: u64) {
-    match extents.last_mut() {
-        Some(last) if std::sync::Arc::ptr_eq(&last.file, &file) && last.offset_bytes + last.len_bytes == at => {
-            last.len_bytes += len;
-        }
-        _ => extents.push(FileExtent { file, offset_bytes: at, len_bytes: len }),
     }
 }

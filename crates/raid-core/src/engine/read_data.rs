@@ -50,8 +50,8 @@ impl ReadData {
     }
 }
 
-/// `len_bytes` of an array read that are, in place, bytes of a member file in memory
-/// (see [`crate::engine::Array::read_in_place`]).
+/// `len_bytes` of an array request that are, in place, bytes of a member file in memory
+/// (see [`crate::engine::Array::read_in_place`] and [`crate::engine::Array::write_in_place`]).
 #[derive(Debug, Clone)]
 pub struct FileExtent {
     pub file: Arc<File>,
