@@ -3,7 +3,8 @@
 #
 #   deploy/test-all.sh
 #
-# 1. installs the Debian packages the tests need (as root, or through sudo);
+# 1. installs the Debian packages the tests need (deploy/install-deps.sh: as root, or through
+#    sudo) and checks that every tool they run is there;
 # 2. builds and runs every test of the workspace (unit, property, real NBD clients,
 #    end-to-end) in the `ci` profile (optimised, debug assertions on);
 # 3. runs the kernel VM rig: Debian's kernel under qemu with nbd.ko, md, ext4 and mdadm.
@@ -12,25 +13,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(fio libnbd-bin python3-libnbd nbdkit nbd-client nbd-server qemu-utils qemu-system-x86
-          linux-image-amd64 busybox-static mdadm e2fsprogs fuse3 cpio kmod util-linux mount)
-
-need=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing Debian packages: ${need[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  # policy-rc.d keeps package scripts from starting services (nbd-server) on this machine.
-  printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-  $SUDO chmod +x /usr/sbin/policy-rc.d
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
-  $SUDO rm -f /usr/sbin/policy-rc.d
-fi
+# Installs every Debian package in one apt call, then fails naming the package of any tool
+# that is missing afterwards (see the script for why).
+deploy/install-deps.sh
 
 start=$(date +%s)
+echo "== install script against fake apt (deploy/tests/install-deps-test.sh)"
+deploy/tests/install-deps-test.sh
+
 echo "== cargo test --profile ci (whole workspace)"
 cargo test --profile ci --workspace --locked -- --test-threads=2
 echo "== tests took $(( $(date +%s) - start ))s"

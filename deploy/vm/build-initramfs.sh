@@ -16,7 +16,10 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-KVER=${RIG_KVER:-6.1.0-57-amd64}
+# The kernel linux-image-amd64 depends on (so a kernel update in Debian 12 needs no edit here).
+KVER=${RIG_KVER:-$(dpkg-query -W -f='${Depends}' linux-image-amd64 2>/dev/null \
+  | sed -n 's/^linux-image-\([^ ,]*\).*/\1/p')}
+KVER=${KVER:-6.1.0-57-amd64}
 MODDIR=/lib/modules/$KVER
 
 die() { echo "build-initramfs: ERROR: $*" >&2; exit 1; }

@@ -25,7 +25,10 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-KVER=${RIG_KVER:-6.1.0-57-amd64}
+# The kernel linux-image-amd64 depends on (so a kernel update in Debian 12 needs no edit here).
+KVER=${RIG_KVER:-$(dpkg-query -W -f='${Depends}' linux-image-amd64 2>/dev/null \
+  | sed -n 's/^linux-image-\([^ ,]*\).*/\1/p')}
+KVER=${KVER:-6.1.0-57-amd64}
 RIG_WORK=${RIG_WORK:-/var/tmp/raidnbd-vm-rig}
 BOOT_MARGIN_S=90 # host timeout = scenario limit + this (boot, module load, results)
 
