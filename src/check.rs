@@ -25,7 +25,7 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
         faults: None,
         metrics: None,
     };
-    let opened = open_array(&args.members, &options, false).await?;
+    let opened = open_array(&args.members, &options, false, true).await?;
     let array = opened.array;
     let units = array.scrub_units();
     let size = array.size_bytes();

@@ -7,6 +7,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::size::parse_size;
 
+pub use crate::bench::BenchArgs;
+pub use crate::shared_args::{CacheMode, IoEngine, MemberIoArgs};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "raidnbd",
@@ -17,11 +20,37 @@ use crate::size::parse_size;
                   over the NBD protocol: attach it with nbd-client as /dev/nbd0, or use it from qemu \
                   (nbd://127.0.0.1:10809/NAME). Arrays move between raidnbd and mdadm both ways.\n\n\
                   First time? Run `raidnbd quickstart`.",
-    after_help = "Log verbosity: RUST_LOG=debug raidnbd ... (default: info)"
+    after_help = "Logs go to stderr: -v/-q (or RUST_LOG=debug, which -v/-q override) set the level \
+                  (default: info for serve, warn otherwise); colour only on a terminal without \
+                  NO_COLOR; no timestamps when stderr is the journal (JOURNAL_STREAM)."
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line (for log shippers).
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct LogArgs {
+    /// More log detail (-v debug, -vv trace).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+    /// Less log detail (-q warnings and errors only, -qq errors only).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub quiet: u8,
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 #[derive(Subcommand, Debug)]
@@ -33,15 +62,25 @@ pub enum Command {
     /// Show the superblock of each member (like `mdadm --examine`).
     Examine(InspectArgs),
     /// Show the array assembled from the members (like `mdadm --detail`).
-    Detail(InspectArgs),
+    Detail(DetailArgs),
     /// Scrub an array offline: compare parity/mirrors on every stripe.
     Check(CheckArgs),
     /// First run: create four 1 GiB sparse members, a RAID5 over them, and serve it.
     Quickstart(QuickstartArgs),
-    /// Control a running server: status, fail/remove/add/replace members, check, repair.
+    /// Control a running server: status, fail/remove/add/replace members, check, repair, wait.
     Ctl(CtlArgs),
     /// Measure arrays against a single member with fio (dd-style, CrystalDiskMark-style, block-size sweep).
     Bench(BenchArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (raidnbd.1, raidnbd-serve.1, ...) generated from this CLI into DIR.
+    Man {
+        #[arg(long, value_name = "DIR", default_value = "man")]
+        out_dir: PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -80,6 +119,12 @@ pub enum CtlCommand {
     Repair,
     /// Stop a running check or repair.
     Idle,
+    /// Block until rebuild, resync, replace and check have ended (like mdadm --wait).
+    Wait {
+        /// Give up after this many seconds (exit 1) [default: wait forever].
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<u64>,
+    },
     /// Rebuild/check speed limits in bytes/s (e.g. 1M 200M).
     RebuildSpeed {
         #[arg(value_parser = parse_size)]
@@ -123,33 +168,68 @@ pub struct CreateArgs {
     pub members: Vec<String>,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheMode {
-    /// Acknowledge writes once they are on the members (safe; default).
-    Writethrough,
-    /// Acknowledge writes from memory and write them back later: faster, but writes not
-    /// yet flushed are LOST if raidnbd dies.
-    Writeback,
+/// Where `serve` listens: a TCP address or a Unix socket path (`unix:PATH`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IoEngine {
-    /// Inline for member files on tmpfs/ramfs; else io_uring when the kernel allows it, else
-    /// a thread pool (the reason is logged).
-    Auto,
-    /// io_uring only; fail if unavailable.
-    Uring,
-    /// Thread pool with pread/pwrite.
-    Threads,
-    /// pread/pwrite in the serving task: for members in memory (a disk would stall serving).
-    Inline,
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/run/raidnbd/nbd.sock".into());
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(ListenAddr::Tcp)
+            .map_err(|_| format!("{s:?} is neither HOST:PORT (e.g. 127.0.0.1:10809, [::1]:10809) nor unix:PATH"))
+    }
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct MemberIoArgs {
-    /// I/O engine for the members.
-    #[arg(long, value_enum, default_value_t = IoEngine::Auto)]
-    pub io: IoEngine,
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// The address `serve` listens on when neither the flags nor the config name one.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+/// `serve`'s options. Every one is optional here: the flags override the config file's keys
+/// (see config.rs), which override the defaults documented in each flag's help.
+#[derive(Args, Debug, Default)]
+#[command(after_help = "Socket activation: started with LISTEN_FDS/LISTEN_PID (systemd's raidnbd.socket, \
+                        systemd-socket-activate, nbdinfo [ raidnbd serve ... ]), serve takes the \
+                        sockets it is given and ignores --listen.\n\n\
+                        Events (--on-event CMD): CMD runs as `CMD EVENT EXPORT [MEMBER]` (like \
+                        mdadm --monitor --program) for Fail, DegradedArray, RebuildStarted, \
+                        RebuildFinished, SpareActive, CheckStarted, CheckFinished.")]
+pub struct ServeArgs {
+    /// Where to listen: HOST:PORT or unix:PATH; repeat for several [default: 127.0.0.1:10809].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Vec<ListenAddr>,
+    /// Export name clients ask for (the default export "" also reaches it).
+    #[arg(short, long)]
+    pub export: Option<String>,
+    /// Refuse writes.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Write cache mode [default: writethrough].
+    #[arg(long, value_enum)]
+    pub cache: Option<CacheMode>,
+    /// Size of the write-back cache (with --cache writeback) [default: 256M].
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// I/O engine for the members [default: auto].
+    #[arg(long, value_enum)]
+    pub io: Option<IoEngine>,
     /// Throttle each member to this bandwidth, bytes/s (e.g. 20M), like a cloud volume.
     #[arg(long, value_parser = parse_size, value_name = "RATE")]
     pub member_bw: Option<u64>,
@@ -159,36 +239,28 @@ pub struct MemberIoArgs {
     /// Open members with buffered I/O instead of O_DIRECT.
     #[arg(long)]
     pub buffered: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:10809")]
-    pub listen: SocketAddr,
-    /// Export name clients ask for (the default export "" also reaches it).
-    #[arg(short, long)]
-    pub export: Option<String>,
-    /// Refuse writes.
-    #[arg(long)]
-    pub read_only: bool,
-    /// Write cache mode.
-    #[arg(long, value_enum, default_value_t = CacheMode::Writethrough)]
-    pub cache: CacheMode,
-    /// Size of the write-back cache (with --cache writeback).
-    #[arg(long, value_parser = parse_size, default_value = "256M")]
-    pub cache_size: u64,
-    #[command(flatten)]
-    pub io: MemberIoArgs,
     /// TOML file describing one or more exports (see deploy/raidnbd.toml).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Start even if the array is dirty and degraded (parity may be stale: the RAID5/6 write hole).
     #[arg(long)]
     pub force: bool,
+    /// Refuse to start unless every named member can be opened (default: a member that is
+    /// missing or cannot be opened counts as absent, and the array starts degraded if it can).
+    #[arg(long)]
+    pub require_all: bool,
+    /// Assemble the array whose superblocks carry this UUID from the devices --scan finds.
+    #[arg(long, value_name = "UUID", requires = "scan")]
+    pub uuid: Option<String>,
+    /// With --uuid: where to look for members, a glob such as '/dev/disk/by-id/*' or '/srv/*.img'.
+    #[arg(long, value_name = "GLOB", requires = "uuid")]
+    pub scan: Option<String>,
     /// Control socket for `raidnbd ctl` (default: /run/raidnbd/control-PORT.sock as root).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Run CMD on array events: `CMD EVENT EXPORT [MEMBER]` (see below).
+    #[arg(long, value_name = "CMD")]
+    pub on_event: Option<String>,
     /// Testing: wrap members so `raidnbd ctl fault` can make them fail.
     #[arg(long, hide = true)]
     pub fault_injection: bool,
@@ -198,6 +270,16 @@ pub struct ServeArgs {
     /// Member files or block devices, in any order.
     #[arg(value_name = "MEMBER")]
     pub members: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DetailArgs {
+    /// Exit status says the array's health, as mdadm --detail --test: 0 healthy, 1 degraded,
+    /// 2 unusable (too few members to run), 4 error (members that cannot be read or assembled).
+    #[arg(long)]
+    pub test: bool,
+    #[command(flatten)]
+    pub inspect: InspectArgs,
 }
 
 #[derive(Args, Debug)]
@@ -227,76 +309,6 @@ pub struct QuickstartArgs {
     #[arg(long, default_value = "raidnbd-quickstart")]
     pub dir: PathBuf,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:10809")]
+    #[arg(long, default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
-}
-
-#[derive(Args, Debug)]
-#[command(after_help = "Workloads (for --workloads): dd-write, seq1m-q8t1-read, seq1m-q8t1-write, \
-                        seq1m-q1t1-read, seq1m-q1t1-write, rnd4k-q32t1-read, rnd4k-q32t1-write, \
-                        rnd4k-q1t1-read, rnd4k-q1t1-write, seq-fullstripe-write, sweep-randread-SIZE, \
-                        sweep-randwrite-SIZE; a prefix ending before a dash selects several (rnd4k, \
-                        seq1m-q8t1, sweep, sweep-randread).\n\n\
-                        Example (cloud-volume emulation): raidnbd bench --member-bw 20M --member-iops 200 \\\n\
-                        \x20   --levels single,0,5,6,10 --members 4 --chunks 64K --out bench-results")]
-pub struct BenchArgs {
-    /// Arrays to measure: single (one member served the same way: the baseline for ratios),
-    /// linear, 0, 1, 4, 5, 6, 10.
-    #[arg(long, value_delimiter = ',', default_value = "single,0,5,6,10")]
-    pub levels: Vec<String>,
-    /// Members per array.
-    #[arg(long, default_value_t = 4)]
-    pub members: usize,
-    /// Chunk sizes; every striped level is built once per chunk size.
-    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "64K")]
-    pub chunks: Vec<u64>,
-    /// Cache modes to measure (writeback rows read "skipped" while it is not available).
-    #[arg(long, value_delimiter = ',', value_enum, default_value = "writethrough")]
-    pub cache: Vec<CacheMode>,
-    /// Size of each member file [default: 1G; 64M with --quick].
-    #[arg(long, value_parser = parse_size)]
-    pub size: Option<u64>,
-    /// Measured time per workload [default: 10s; 1s with --quick].
-    #[arg(long, value_parser = crate::bench::parse_duration)]
-    pub runtime: Option<std::time::Duration>,
-    /// Warm-up before measuring, per workload [default: 2s; 0.5s with --quick].
-    #[arg(long, value_parser = crate::bench::parse_duration)]
-    pub ramp: Option<std::time::Duration>,
-    /// Smoke-test preset: small members, short runs, a two-point sweep.
-    #[arg(long)]
-    pub quick: bool,
-    /// Run only these workloads (see below) [default: all].
-    #[arg(long, value_delimiter = ',')]
-    pub workloads: Vec<String>,
-    /// Block sizes of the block-size sweep [default: 4K,16K,64K,256K,1M; 4K,1M with --quick].
-    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
-    pub sweep: Option<Vec<u64>>,
-    /// Do not write the whole array once before measuring (reads then hit unwritten space).
-    #[arg(long)]
-    pub no_fill: bool,
-    /// Where the member files go: a fresh directory is made inside [default: /var/tmp, else .].
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-    /// Use these files or block devices as members instead of temporary files (needs --force:
-    /// their contents are destroyed).
-    #[arg(long, value_delimiter = ',', value_name = "DEV")]
-    pub devices: Vec<String>,
-    /// Allow overwriting --devices.
-    #[arg(long)]
-    pub force: bool,
-    /// Keep the member files and server logs.
-    #[arg(long)]
-    pub keep: bool,
-    /// Directory for the results (results.md, .csv, .json, .svg, -ratio.svg).
-    #[arg(long, default_value = "raidnbd-bench")]
-    pub out: PathBuf,
-    /// Write-back cache size given to `serve --cache-size` (with --cache writeback) [default: serve's].
-    #[arg(long, value_parser = parse_size)]
-    pub cache_size: Option<u64>,
-    /// Measure everything this many times, arrays interleaved, and report the median run
-    /// (with the spread): for noisy or shared machines.
-    #[arg(long, default_value_t = 1)]
-    pub rounds: usize,
-    #[command(flatten)]
-    pub io: MemberIoArgs,
 }

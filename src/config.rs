@@ -1,50 +1,130 @@
-//! `--config FILE`: several exports in one TOML file. Command-line flags override the
-//! file's server-wide settings.
+//! `--config FILE`: the server's settings and one or more exports in a TOML file.
+//!
+//! Every `serve` option has a key. Precedence, highest first: the command-line flag, the
+//! export's own key (for the per-export ones), the file's top-level key, the default.
 //!
 //! ```toml
-//! listen = "127.0.0.1:10809"
+//! listen = ["127.0.0.1:10809", "unix:/run/raidnbd/nbd.sock"]   # or one string
+//! cache = "writethrough"   # writethrough | writeback
+//! cache_size = "256M"
+//! force = false
+//! require_all = false
+//! control = "/run/raidnbd/control.sock"
+//! metrics = "127.0.0.1:9109"
+//! on_event = "/usr/local/sbin/raidnbd-event"
+//! io = "auto"              # auto | uring | threads | inline (also per export)
+//! member_bw = "20M"        # optional throttle per member, bytes/s (also per export)
+//! member_iops = 200        # (also per export)
+//! buffered = false         # (also per export)
+//! read_only = false        # (also per export)
 //!
 //! [[export]]
 //! name = "fast"
-//! members = ["/dev/vdb", "/dev/vdc"]
-//! read_only = false
-//! io = "auto"            # auto | uring | threads
-//! member_bw = "20M"      # optional throttle per member (bytes/s)
-//! member_iops = 200      # optional
+//! members = ["/dev/vdb", "/dev/vdc"]   # or: uuid = "..." with scan = "/dev/disk/by-id/*"
 //! ```
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-use crate::cli::IoEngine;
+use crate::cli::{CacheMode, IoEngine, ListenAddr};
 use crate::size::parse_size;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
-    pub listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub listen: Option<OneOrMany>,
+    pub cache: Option<String>,
+    pub cache_size: Option<String>,
+    pub force: Option<bool>,
+    pub require_all: Option<bool>,
+    pub control: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
+    pub on_event: Option<String>,
+    pub read_only: Option<bool>,
+    pub io: Option<String>,
+    pub member_bw: Option<String>,
+    pub member_iops: Option<u64>,
+    pub buffered: Option<bool>,
     #[serde(rename = "export", default)]
     pub exports: Vec<ExportConfig>,
+}
+
+/// `listen = "ADDR"` or `listen = ["ADDR", ...]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Keys that may stand at the top (defaults for every export) or in an export. (serde's
+/// `flatten` does not work with `deny_unknown_fields`, so both structs list them.)
+#[derive(Debug, Default, Clone)]
+pub struct MemberKeys {
+    pub read_only: Option<bool>,
+    pub io: Option<String>,
+    pub member_bw: Option<String>,
+    pub member_iops: Option<u64>,
+    pub buffered: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExportConfig {
     pub name: String,
-    pub members: Vec<String>,
     #[serde(default)]
-    pub read_only: bool,
+    pub members: Vec<String>,
+    pub uuid: Option<String>,
+    pub scan: Option<String>,
+    pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
     pub member_iops: Option<u64>,
-    #[serde(default)]
-    pub buffered: bool,
+    pub buffered: Option<bool>,
 }
 
 impl ExportConfig {
+    /// This export's member keys, the unset ones from the file's top level.
+    pub fn keys(&self, file: &ConfigFile) -> MemberKeys {
+        MemberKeys {
+            read_only: self.read_only.or(file.read_only),
+            io: self.io.clone().or_else(|| file.io.clone()),
+            member_bw: self.member_bw.clone().or_else(|| file.member_bw.clone()),
+            member_iops: self.member_iops.or(file.member_iops),
+            buffered: self.buffered.or(file.buffered),
+        }
+    }
+}
+
+impl ConfigFile {
+    pub fn listen(&self) -> Result<Vec<ListenAddr>> {
+        let list = match &self.listen {
+            None => return Ok(Vec::new()),
+            Some(OneOrMany::One(a)) => vec![a.clone()],
+            Some(OneOrMany::Many(v)) => v.clone(),
+        };
+        list.iter().map(|a| a.parse().map_err(|e: String| anyhow::anyhow!("listen: {e}"))).collect()
+    }
+
+    pub fn cache(&self) -> Result<Option<CacheMode>> {
+        Ok(match self.cache.as_deref() {
+            None => None,
+            Some("writethrough") => Some(CacheMode::Writethrough),
+            Some("writeback") => Some(CacheMode::Writeback),
+            Some(other) => bail!("cache = {other:?}: use writethrough or writeback"),
+        })
+    }
+
+    pub fn cache_size_bytes(&self) -> Result<Option<u64>> {
+        self.cache_size.as_deref().map(parse_size).transpose().map_err(|e| anyhow::anyhow!("cache_size: {e}"))
+    }
+}
+
+impl MemberKeys {
     pub fn io_engine(&self) -> Result<Option<IoEngine>> {
         Ok(match self.io.as_deref() {
             None => None,
@@ -52,16 +132,12 @@ impl ExportConfig {
             Some("uring") => Some(IoEngine::Uring),
             Some("threads") => Some(IoEngine::Threads),
             Some("inline") => Some(IoEngine::Inline),
-            Some(other) => bail!("export {}: io = {other:?}: use auto, uring, threads or inline", self.name),
+            Some(other) => bail!("io = {other:?}: use auto, uring, threads or inline"),
         })
     }
 
     pub fn member_bw_bytes(&self) -> Result<Option<u64>> {
-        self.member_bw
-            .as_deref()
-            .map(parse_size)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("export {}: member_bw: {e}", self.name))
+        self.member_bw.as_deref().map(parse_size).transpose().map_err(|e| anyhow::anyhow!("member_bw: {e}"))
     }
 }
 
@@ -76,6 +152,16 @@ pub fn load(path: &Path) -> Result<ConfigFile> {
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
         bail!("config {}: export name {:?} is used twice", path.display(), w[0]);
     }
+    for e in &config.exports {
+        match (e.members.is_empty(), &e.uuid, &e.scan) {
+            (false, None, None) | (true, Some(_), Some(_)) => {}
+            _ => bail!(
+                "config {}: export {:?} needs either members = [...] or both uuid and scan",
+                path.display(),
+                e.name
+            ),
+        }
+    }
     Ok(config)
 }
 
@@ -87,8 +173,91 @@ mod tests {
     fn example_config_parses() {
         let config: ConfigFile = toml::from_str(include_str!("../deploy/raidnbd.toml")).expect("example config");
         assert_eq!(config.exports.len(), 2);
-        assert_eq!(config.exports[1].member_bw_bytes().unwrap(), Some(20 << 20));
-        assert_eq!(config.exports[0].io_engine().unwrap(), Some(IoEngine::Auto));
+        assert_eq!(config.exports[1].keys(&config).member_bw_bytes().unwrap(), Some(20 << 20));
+        assert_eq!(config.exports[0].keys(&config).io_engine().unwrap(), Some(IoEngine::Auto));
+        assert_eq!(config.listen().unwrap(), vec!["127.0.0.1:10809".parse::<ListenAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn every_key_parses_and_exports_inherit_top_level_keys() {
+        let config: ConfigFile = toml::from_str(
+            r#"
+            listen = ["127.0.0.1:1", "unix:/tmp/x.sock"]
+            cache = "writeback"
+            cache_size = "64M"
+            force = true
+            require_all = true
+            control = "/tmp/c.sock"
+            metrics = "127.0.0.1:9"
+            on_event = "/bin/true"
+            io = "threads"
+            member_bw = "1M"
+            member_iops = 5
+            buffered = true
+            read_only = true
+            [[export]]
+            name = "a"
+            members = ["/x"]
+            io = "uring"
+            [[export]]
+            name = "b"
+            uuid = "01234567:89abcdef:01234567:89abcdef"
+            scan = "/dev/*"
+            "#,
+        )
+        .expect("config");
+        assert_eq!(config.listen().unwrap().len(), 2);
+        assert_eq!(config.cache().unwrap(), Some(CacheMode::Writeback));
+        assert_eq!(config.cache_size_bytes().unwrap(), Some(64 << 20));
+        let a = config.exports[0].keys(&config);
+        assert_eq!(a.io_engine().unwrap(), Some(IoEngine::Uring));
+        assert_eq!(a.member_bw_bytes().unwrap(), Some(1 << 20));
+        assert_eq!((a.member_iops, a.buffered, a.read_only), (Some(5), Some(true), Some(true)));
+        let b = config.exports[1].keys(&config);
+        assert_eq!(b.io_engine().unwrap(), Some(IoEngine::Threads));
+    }
+
+    /// Every `serve` flag has a key: at the top level, or per export where it names the export's
+    /// members. Keys are flags with `_` for `-`.
+    #[test]
+    fn every_serve_flag_has_a_config_key() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            serve: crate::cli::ServeArgs,
+        }
+        let per_export = ["export", "members", "uuid", "scan"];
+        // Not settings: the file itself, and the hidden testing switch.
+        let not_keys = ["config", "fault_injection", "help"];
+        let command = Wrapper::command();
+        for arg in command.get_arguments() {
+            let key = arg.get_id().as_str().replace('-', "_");
+            if not_keys.contains(&key.as_str()) {
+                continue;
+            }
+            let (top, export) = if per_export.contains(&key.as_str()) {
+                let name = if key == "export" { "name".to_string() } else { key.clone() };
+                (String::new(), format!("{name} = {}\n", sample_value(&name)))
+            } else {
+                (format!("{key} = {}\n", sample_value(&key)), String::new())
+            };
+            let text =
+                format!("{top}[[export]]\n{}{export}", if export.starts_with("name") { "" } else { "name = \"a\"\n" });
+            if let Err(e) = toml::from_str::<ConfigFile>(&text) {
+                panic!("serve --{} has no config key {key:?}: {e}\n{text}", arg.get_id());
+            }
+        }
+    }
+
+    fn sample_value(key: &str) -> &'static str {
+        match key {
+            "read_only" | "force" | "require_all" | "buffered" => "true",
+            "member_iops" => "5",
+            "listen" | "members" => "[\"127.0.0.1:1\"]",
+            "metrics" => "\"127.0.0.1:9\"",
+            _ => "\"x\"",
+        }
     }
 
     #[test]
@@ -97,5 +266,6 @@ mod tests {
             toml::from_str::<ConfigFile>("listen = \"127.0.0.1:1\"\n[[export]]\nname=\"a\"\nmembers=[]\ncolour=1")
                 .is_err()
         );
+        assert!(toml::from_str::<ConfigFile>("colour = 1\n[[export]]\nname=\"a\"\nmembers=[]").is_err());
     }
 }

@@ -35,6 +35,18 @@ use crate::open::{MemberOpenOptions, open_member, read_superblock_area};
 /// Longest request line accepted.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
+/// The default control socket of a server with these listeners: named by the first TCP
+/// port (what `raidnbd ctl --port` finds), else by the first Unix socket's path.
+pub fn default_socket_for(listeners: &[crate::listen::Bound]) -> PathBuf {
+    if let Some(port) = listeners.iter().find_map(|l| l.tcp_port()) {
+        return default_socket(port);
+    }
+    let name = listeners.first().map(|l| l.describe()).unwrap_or_default();
+    // FNV-1a of the socket path: a short, stable file name.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    default_socket(0).with_file_name(format!("control-unix-{hash:016x}.sock"))
+}
+
 /// The default control socket for a server listening on `port`.
 pub fn default_socket(port: u16) -> PathBuf {
     // SAFETY: getuid has no preconditions.

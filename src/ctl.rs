@@ -1,6 +1,7 @@
 //! `raidnbd ctl`: talk to a running server through its control socket.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
@@ -40,9 +41,45 @@ async fn request(socket: &PathBuf, request: Value) -> Result<Value> {
     Ok(reply)
 }
 
-pub async fn run(args: CtlArgs) -> Result<()> {
+/// How often `ctl wait` asks.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// True while an export has background work running or a resync still to do.
+fn busy(exports: &Value, only: Option<&str>) -> bool {
+    exports
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| only.is_none_or(|n| e["name"] == json!(n)))
+        .any(|e| !e["work"].is_null() || e["resync_pending"] == json!(true))
+}
+
+/// `ctl wait`: like mdadm --wait, returns once no rebuild, resync, replace or check runs
+/// (exit 0), or after `timeout` seconds (exit 1).
+async fn wait(socket: &PathBuf, export: Option<&str>, timeout: Option<u64>) -> Result<ExitCode> {
+    let deadline = timeout.map(|s| tokio::time::Instant::now() + std::time::Duration::from_secs(s));
+    loop {
+        let reply = request(socket, json!({ "command": "status" })).await?;
+        if let Some(name) = export
+            && !reply["exports"].as_array().into_iter().flatten().any(|e| e["name"] == json!(name))
+        {
+            bail!("no export named {name:?}");
+        }
+        if !busy(&reply["exports"], export) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            eprintln!("raidnbd: still busy after {}s", timeout.unwrap_or(0));
+            return Ok(ExitCode::from(1));
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+}
+
+pub async fn run(args: CtlArgs) -> Result<ExitCode> {
     let socket = args.socket.clone().unwrap_or_else(|| default_socket(args.port));
     let mut req = match &args.command {
+        CtlCommand::Wait { timeout } => return wait(&socket, args.export.as_deref(), *timeout).await,
         CtlCommand::Status { .. } => json!({ "command": "status" }),
         CtlCommand::Fail { member } => json!({ "command": "fail", "member": member_name(member) }),
         CtlCommand::Remove { member } => json!({ "command": "remove", "member": member_name(member) }),
@@ -67,7 +104,7 @@ pub async fn run(args: CtlArgs) -> Result<()> {
             print!("{}", mdstat(&reply["exports"]).ok_or_else(|| anyhow!("bad status reply"))?);
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A /proc/mdstat-like view.

@@ -1,13 +1,15 @@
 //! `raidnbd examine` and `raidnbd detail`: what `mdadm --examine` / `--detail` tell a
 //! person, as text or JSON. Nothing is written to the members.
 
-use anyhow::{Result, anyhow, bail};
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
 use raid_core::SECTOR_BYTES;
 use raid_core::geometry::{Geometry, Level};
 use raid_core::md::{self, ArrayMetadata, Assembly, Candidate, Superblock};
 use serde_json::{Value, json};
 
-use crate::cli::{InspectArgs, MemberIoArgs};
+use crate::cli::{DetailArgs, InspectArgs, MemberIoArgs};
 use crate::create::describe_layout;
 use crate::open::{MemberOpenOptions, open_member, read_superblock_area};
 use crate::size::human_bytes;
@@ -206,9 +208,30 @@ fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometr
     })
 }
 
-pub async fn detail(args: InspectArgs) -> Result<()> {
+/// `raidnbd detail`; with `--test` the exit status tells the array's health as
+/// `mdadm --detail --test` does: 0 healthy, 1 degraded, 2 unusable, 4 error.
+pub async fn detail(args: DetailArgs) -> Result<ExitCode> {
+    let shown = show_detail(&args.inspect).await;
+    if !args.test {
+        shown?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    Ok(ExitCode::from(match shown {
+        Ok(a) if a.degraded || !a.recovering_roles.is_empty() => 1,
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("raidnbd: error: {e:#}");
+            match e.downcast_ref::<raid_core::RaidError>() {
+                Some(r) if r.kind == raid_core::ErrorKind::ArrayFailed => 2,
+                _ => 4,
+            }
+        }
+    }))
+}
+
+async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
     let candidates = candidates(&args.members).await?;
-    let assembly = md::assemble(&candidates).map_err(|e| anyhow!("{e}"))?;
+    let assembly = md::assemble(&candidates).map_err(anyhow::Error::new)?;
     let meta = &assembly.metadata;
     let data_sizes: Vec<u64> = (0..meta.raid_disks as usize)
         .map(|role| {
@@ -220,7 +243,7 @@ pub async fn detail(args: InspectArgs) -> Result<()> {
     let geometry = geometry_of(meta, &data_sizes);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&detail_json(&assembly, &candidates, geometry.as_ref()))?);
-        return Ok(());
+        return Ok(assembly);
     }
     let mut t = String::new();
     let mut line = |k: &str, v: String| t.push_str(&format!("{k:>18} : {v}\n"));
@@ -272,5 +295,5 @@ pub async fn detail(args: InspectArgs) -> Result<()> {
     for notice in &assembly.notices {
         println!("note: {notice}");
     }
-    Ok(())
+    Ok(assembly)
 }

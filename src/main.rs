@@ -14,11 +14,17 @@ mod create;
 mod ctl;
 mod export;
 mod inspect;
+mod listen;
+mod logging;
 mod maintenance;
 mod metrics;
+mod monitor;
+mod notify;
 mod open;
 mod quickstart;
 mod serve;
+mod shared_args;
+mod shutdown;
 mod signature;
 mod size;
 mod timefmt;
@@ -26,7 +32,6 @@ mod timefmt;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command};
 
@@ -42,12 +47,7 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let default_level = if serving { "info" } else { "warn" };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    logging::init(&cli.log, if serving { "info" } else { "warn" });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -69,7 +69,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Create(args) => create::run(args).await?,
         Command::Serve(args) => serve::run(args).await?,
         Command::Examine(args) => inspect::examine(args).await?,
-        Command::Detail(args) => inspect::detail(args).await?,
+        Command::Detail(args) => return inspect::detail(args).await,
         Command::Check(args) => {
             if check::run(args).await? {
                 return Ok(ExitCode::from(1));
@@ -77,7 +77,38 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Quickstart(args) => quickstart::run(args).await?,
         Command::Bench(args) => bench::run(args).await?,
-        Command::Ctl(args) => ctl::run(args).await?,
+        Command::Ctl(args) => return ctl::run(args).await,
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "raidnbd",
+                &mut std::io::stdout(),
+            );
+        }
+        Command::Man { out_dir } => man_pages(&out_dir)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes raidnbd.1 and one page per subcommand (raidnbd-serve.1, ...), generated from the CLI.
+fn man_pages(dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let command = <Cli as clap::CommandFactory>::command();
+    let mut pages = vec![("raidnbd".to_string(), command.clone())];
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+        let name = format!("raidnbd-{}", sub.get_name());
+        // clap names are &'static str; this command runs once and exits.
+        let static_name: &'static str = Box::leak(name.clone().into_boxed_str());
+        pages.push((name, sub.clone().name(static_name)));
+    }
+    for (name, page) in pages {
+        let path = dir.join(format!("{name}.1"));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(page).render(&mut out)?;
+        std::fs::write(&path, out).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(())
 }

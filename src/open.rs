@@ -14,7 +14,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use member_io::{DirectMode, FaultControl, Faulty, OpenOptions, ThrottleConfig, Throttled};
 use raid_core::engine::{Array, Device, RoleMember};
 use raid_core::geometry::{Geometry, Level};
-use raid_core::md::{self, Assembly, BITMAP_STALE, Bitmap, Candidate, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
+use raid_core::md::{
+    self, Assembly, BITMAP_STALE, Bitmap, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock,
+};
 use raid_core::md_store::MdStore;
 use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
 
@@ -91,28 +93,53 @@ pub async fn read_superblock_area(member: &dyn Member) -> Result<Vec<u8>> {
 pub struct OpenedArray {
     pub array: Arc<Array<dyn Member>>,
     pub assembly: Assembly,
-    /// Paths by candidate index (the order given).
+    /// Paths by candidate index (the members that could be opened, in the order given).
     pub paths: Vec<String>,
+    /// Named members that could not be opened, counted as absent.
+    pub absent: Vec<String>,
     /// The array was dirty and degraded (parity untrusted) and is served read-only.
     pub forced_read_only: bool,
 }
 
 /// Opens `paths`, assembles the array they form, and starts it.
 ///
+/// A named member that does not exist or cannot be opened (a dead disk whose device node
+/// vanished) counts as absent, with a warning: the array starts degraded if redundancy
+/// allows, so one dead disk is not an outage at the next start. `require_all` refuses instead.
 /// A dirty, degraded raid4/5/6 (the write hole) is opened read-only unless `force`.
-pub async fn open_array(paths: &[String], options: &MemberOpenOptions, force: bool) -> Result<OpenedArray> {
+pub async fn open_array(
+    paths: &[String],
+    options: &MemberOpenOptions,
+    force: bool,
+    require_all: bool,
+) -> Result<OpenedArray> {
     if paths.is_empty() {
         bail!("no members given");
     }
     let mut members = Vec::with_capacity(paths.len());
     let mut candidates = Vec::with_capacity(paths.len());
+    let mut opened_paths = Vec::with_capacity(paths.len());
+    let mut absent = Vec::new();
     for path in paths {
-        let member = open_member(path, options)?;
+        let member = match open_member(path, options) {
+            Ok(m) => m,
+            Err(e) if !require_all => {
+                tracing::warn!("member {path} is absent ({e:#}): assembling without it");
+                absent.push(path.clone());
+                continue;
+            }
+            Err(e) => return Err(e.context("--require-all: every member must open")),
+        };
         let area = read_superblock_area(member.as_ref()).await?;
         candidates.push(Candidate::from_bytes(path.clone(), member.len_bytes(), &area));
         members.push(member);
+        opened_paths.push(path.clone());
     }
-    let assembly = md::assemble(&candidates).map_err(|e| anyhow!("{e}"))?;
+    if members.is_empty() {
+        bail!("none of the members could be opened: {}", absent.join(", "));
+    }
+    let assembly = md::assemble(&candidates)
+        .map_err(|e| if absent.is_empty() { anyhow!("{e}") } else { anyhow!("{e} (absent: {})", absent.join(", ")) })?;
     for notice in &assembly.notices {
         tracing::warn!("{notice}");
     }
@@ -130,7 +157,44 @@ pub async fn open_array(paths: &[String], options: &MemberOpenOptions, force: bo
     let array = start_array(&assembly, &members, bitmap)?;
     // A read-only array writes nothing at all: no superblocks, no resync.
     array.set_read_only(options.read_only || forced_read_only);
-    Ok(OpenedArray { array: Arc::new(array), assembly, paths: paths.to_vec(), forced_read_only })
+    Ok(OpenedArray { array: Arc::new(array), assembly, paths: opened_paths, absent, forced_read_only })
+}
+
+/// Members by identity (`serve --uuid UUID --scan GLOB`): the paths matching `pattern` whose
+/// md superblock carries array UUID `uuid`, in path order. Paths that cannot be read, or hold
+/// no superblock or another array's, are passed over (logged at debug level).
+pub fn scan_members(uuid: &str, pattern: &str) -> Result<Vec<String>> {
+    let want: MdUuid = uuid.parse().map_err(|e| anyhow!("--uuid {uuid:?}: {e}"))?;
+    let mut found = Vec::new();
+    for entry in glob::glob(pattern).map_err(|e| anyhow!("--scan {pattern:?}: {e}"))? {
+        let Ok(path) = entry else { continue };
+        match superblock_uuid(&path) {
+            Ok(Some(u)) if u == want => found.push(path.to_string_lossy().into_owned()),
+            Ok(_) => tracing::debug!("{}: not a member of {want}", path.display()),
+            Err(e) => tracing::debug!("{}: {e}", path.display()),
+        }
+    }
+    if found.is_empty() {
+        bail!("--scan {pattern:?} found no member of array {want}");
+    }
+    tracing::info!("array {want}: found {} members: {}", found.len(), found.join(", "));
+    Ok(found)
+}
+
+/// The array UUID in the superblock of the file or device at `path`, if it has one.
+fn superblock_uuid(path: &std::path::Path) -> std::io::Result<Option<MdUuid>> {
+    use std::os::unix::fs::FileExt;
+    let meta = std::fs::metadata(path)?;
+    if meta.is_dir() {
+        return Ok(None);
+    }
+    let file = std::fs::File::open(path)?;
+    let mut area = vec![0u8; SUPERBLOCK_BYTES];
+    let n = file.read_at(&mut area, SUPERBLOCK_BYTE_OFFSET)?;
+    if n < SUPERBLOCK_BYTES {
+        return Ok(None);
+    }
+    Ok(Superblock::decode(&area).ok().map(|sb| sb.set_uuid))
 }
 
 /// Reads the internal write-intent bitmap from the first member that has a valid one.

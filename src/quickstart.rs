@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::cli::{CacheMode, CreateArgs, IoEngine, MemberIoArgs, QuickstartArgs, ServeArgs};
+use crate::cli::{CreateArgs, ListenAddr, QuickstartArgs, ServeArgs};
 
 pub const EXPORT: &str = "quickstart";
 const MEMBERS: usize = 4;
@@ -48,18 +48,10 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
         args.listen
     );
     crate::serve::run(ServeArgs {
-        listen: args.listen,
+        listen: vec![ListenAddr::Tcp(args.listen)],
         export: Some(EXPORT.into()),
-        read_only: false,
-        cache: CacheMode::Writethrough,
-        cache_size: 256 << 20,
-        io: MemberIoArgs { io: IoEngine::Auto, member_bw: None, member_iops: None, buffered: false },
-        config: None,
-        force: false,
-        control: None,
-        fault_injection: false,
-        metrics: None,
         members: paths,
+        ..ServeArgs::default()
     })
     .await
 }

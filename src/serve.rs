@@ -1,71 +1,138 @@
-//! `raidnbd serve`: assemble arrays and serve them over NBD until SIGTERM/SIGINT, then
-//! drain in-flight requests, flush, and mark the arrays clean.
+//! `raidnbd serve`: assemble arrays and serve them over NBD until a signal (see
+//! shutdown.rs), then drain in-flight requests, write back the cache, flush, and mark the
+//! arrays clean.
+//!
+//! ```text
+//! flags + config ─▶ Settings ─▶ open arrays ─▶ listen (or activated sockets) ─▶ control socket
+//!   ─▶ READY=1 ─▶ serve every listener, monitor (events, STATUS=) ─▶ signal ─▶ STOPPING=1
+//!   ─▶ drain (a second signal cuts it short) ─▶ write back cache ─▶ flush + clean mark ─▶ exit 0
+//! ```
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use nbd_server::{BlockDevice, Export, Server, ServerConfig};
 use raid_core::Member;
 use raid_core::engine::Array;
 use raid_core::write_cache::WriteCache;
 
-use crate::cli::{CacheMode, MemberIoArgs, ServeArgs};
+use crate::cli::{CacheMode, DEFAULT_LISTEN, ListenAddr, MemberIoArgs, ServeArgs};
 use crate::config;
 use crate::control::{self, Control, ControlledExport};
 use crate::create::describe_layout;
 use crate::export::ArrayDevice;
+use crate::listen::{self, Bound};
 use crate::maintenance;
-use crate::open::{FaultRegistry, MemberOpenOptions, OpenedArray, open_array};
+use crate::monitor::{self, Watched};
+use crate::open::{FaultRegistry, MemberOpenOptions, OpenedArray, open_array, scan_members};
+use crate::shutdown::Shutdown;
 use crate::size::human_bytes;
 
 /// One export to serve, after merging the config file and the flags.
 struct ExportPlan {
     name: String,
-    members: Vec<String>,
+    /// Member paths, or how to find them by identity.
+    members: MemberSource,
     options: MemberOpenOptions,
 }
 
-fn plans(args: &ServeArgs) -> Result<(SocketAddr, Vec<ExportPlan>)> {
-    let Some(path) = &args.config else {
-        if args.members.is_empty() {
-            bail!("no members given: raidnbd serve MEMBER... (or --config FILE)");
+enum MemberSource {
+    Paths(Vec<String>),
+    Scan { uuid: String, pattern: String },
+}
+
+impl MemberSource {
+    fn paths(&self) -> Result<Vec<String>> {
+        match self {
+            MemberSource::Paths(p) => Ok(p.clone()),
+            MemberSource::Scan { uuid, pattern } => scan_members(uuid, pattern),
         }
-        let name = args.export.clone().unwrap_or_default();
-        let options =
-            MemberOpenOptions { io: args.io.clone(), read_only: args.read_only, faults: faults(args), metrics: None };
-        return Ok((args.listen, vec![ExportPlan { name, members: args.members.clone(), options }]));
+    }
+}
+
+/// What `serve` runs with: flags over config keys over defaults.
+struct Settings {
+    listen: Vec<ListenAddr>,
+    cache: CacheMode,
+    cache_size: u64,
+    force: bool,
+    require_all: bool,
+    control: Option<PathBuf>,
+    metrics: Option<SocketAddr>,
+    on_event: Option<String>,
+    exports: Vec<ExportPlan>,
+}
+
+fn settings(args: &ServeArgs) -> Result<Settings> {
+    let file = match &args.config {
+        Some(path) => {
+            if !args.members.is_empty() || args.uuid.is_some() {
+                bail!("give members either on the command line or in --config, not both");
+            }
+            config::load(path)?
+        }
+        None => config::ConfigFile::default(),
     };
-    if !args.members.is_empty() {
-        bail!("give members either on the command line or in --config, not both");
-    }
-    let file = config::load(path)?;
-    let listen = if args.listen != default_listen() { args.listen } else { file.listen.unwrap_or(args.listen) };
-    let mut out = Vec::new();
-    for e in file.exports {
-        let io = MemberIoArgs {
-            io: if args.io.io != crate::cli::IoEngine::Auto {
-                args.io.io
-            } else {
-                e.io_engine()?.unwrap_or(args.io.io)
+    let faults = args.fault_injection.then(FaultRegistry::default);
+    let member_options = |keys: &config::MemberKeys| -> Result<MemberOpenOptions> {
+        Ok(MemberOpenOptions {
+            io: MemberIoArgs {
+                io: args.io.or(keys.io_engine()?).unwrap_or_default(),
+                member_bw: args.member_bw.or(keys.member_bw_bytes()?),
+                member_iops: args.member_iops.or(keys.member_iops),
+                buffered: args.buffered || keys.buffered.unwrap_or(false),
             },
-            member_bw: args.io.member_bw.or(e.member_bw_bytes()?),
-            member_iops: args.io.member_iops.or(e.member_iops),
-            buffered: args.io.buffered || e.buffered,
+            read_only: args.read_only || keys.read_only.unwrap_or(false),
+            faults: faults.clone(),
+            metrics: None,
+        })
+    };
+    let exports = if args.config.is_some() {
+        let mut out = Vec::new();
+        for e in &file.exports {
+            let members = match (&e.uuid, &e.scan) {
+                (Some(uuid), Some(pattern)) => MemberSource::Scan { uuid: uuid.clone(), pattern: pattern.clone() },
+                _ => MemberSource::Paths(e.members.clone()),
+            };
+            let options = member_options(&e.keys(&file)).map_err(|err| anyhow!("export {}: {err}", e.name))?;
+            out.push(ExportPlan { name: e.name.clone(), members, options });
+        }
+        out
+    } else {
+        let members = match (&args.uuid, &args.scan) {
+            (Some(uuid), Some(pattern)) => {
+                if !args.members.is_empty() {
+                    bail!("give members either by name or with --uuid/--scan, not both");
+                }
+                MemberSource::Scan { uuid: uuid.clone(), pattern: pattern.clone() }
+            }
+            _ if args.members.is_empty() => {
+                bail!("no members given: raidnbd serve MEMBER... (or --uuid UUID --scan GLOB, or --config FILE)")
+            }
+            _ => MemberSource::Paths(args.members.clone()),
         };
-        let options =
-            MemberOpenOptions { io, read_only: args.read_only || e.read_only, faults: faults(args), metrics: None };
-        out.push(ExportPlan { name: e.name, members: e.members, options });
-    }
-    Ok((listen, out))
-}
-
-fn faults(args: &ServeArgs) -> Option<FaultRegistry> {
-    args.fault_injection.then(FaultRegistry::default)
-}
-
-fn default_listen() -> SocketAddr {
-    "127.0.0.1:10809".parse().expect("valid address")
+        let name = args.export.clone().unwrap_or_default();
+        vec![ExportPlan { name, members, options: member_options(&config::MemberKeys::default())? }]
+    };
+    let listen = if !args.listen.is_empty() {
+        args.listen.clone()
+    } else {
+        let from_file = file.listen()?;
+        if from_file.is_empty() { vec![DEFAULT_LISTEN.parse().map_err(|e: String| anyhow!(e))?] } else { from_file }
+    };
+    Ok(Settings {
+        listen,
+        cache: args.cache.or(file.cache()?).unwrap_or_default(),
+        cache_size: args.cache_size.or(file.cache_size_bytes()?).unwrap_or(DEFAULT_CACHE_BYTES),
+        force: args.force || file.force.unwrap_or(false),
+        require_all: args.require_all || file.require_all.unwrap_or(false),
+        control: args.control.clone().or_else(|| file.control.clone()),
+        metrics: args.metrics.or(file.metrics),
+        on_event: args.on_event.clone().or_else(|| file.on_event.clone()),
+        exports,
+    })
 }
 
 /// One line saying what an array is: "3.0 GiB raid5, 64K chunk, left-symmetric, 4 members, clean".
@@ -78,6 +145,9 @@ pub fn describe(opened: &OpenedArray) -> String {
     }
     let members: Vec<String> =
         a.members.iter().map(|m| m.map_or("missing".to_string(), |c| opened.paths[c].clone())).collect();
+    if !opened.absent.is_empty() {
+        state.push_str(&format!(", absent: {}", opened.absent.join(", ")));
+    }
     format!(
         "{} {}, {}, {} members [{}], {state}",
         human_bytes(array.size_bytes()),
@@ -89,41 +159,46 @@ pub fn describe(opened: &OpenedArray) -> String {
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
-    if args.cache == CacheMode::Writeback && args.cache_size < MIN_CACHE_BYTES {
-        bail!("--cache-size must be at least 1M (got {})", human_bytes(args.cache_size));
+    let settings = settings(&args)?;
+    if settings.cache == CacheMode::Writeback && settings.cache_size < MIN_CACHE_BYTES {
+        bail!("--cache-size must be at least 1M (got {})", human_bytes(settings.cache_size));
     }
-    let (listen, plans) = plans(&args)?;
-    let metrics = crate::metrics::start(args.metrics).await?;
+    // Signals are caught from here on: one during start-up stops the server once it has started.
+    let shutdown = Shutdown::install()?;
+    let metrics = crate::metrics::start(settings.metrics).await?;
     let mut arrays: Vec<Arc<Array<dyn Member>>> = Vec::new();
     let mut exports = Vec::new();
     let mut controlled = Vec::new();
+    let mut watched = Vec::new();
     let mut lines = Vec::new();
     let mut caches = Vec::new();
-    for mut plan in plans {
+    for mut plan in settings.exports {
         plan.options.metrics = metrics.as_ref().map(|m| m.export(&plan.name));
-        let opened = open_array(&plan.members, &plan.options, args.force).await?;
+        let paths = plan.members.paths()?;
+        let opened = open_array(&paths, &plan.options, settings.force, settings.require_all).await?;
         let read_only = plan.options.read_only || opened.forced_read_only;
         let description = describe(&opened);
         let mut device = ArrayDevice::new(opened.array.clone(), read_only, description.clone());
         let mut cache_text = "cache writethrough".to_string();
-        if args.cache == CacheMode::Writeback && !read_only {
-            let cache = Arc::new(WriteCache::new(opened.array.clone(), args.cache_size));
+        if settings.cache == CacheMode::Writeback && !read_only {
+            let cache = Arc::new(WriteCache::new(opened.array.clone(), settings.cache_size));
             device = device.with_cache(cache.clone());
             cache_text = format!(
                 "cache writeback ({}; writes not yet flushed are LOST if raidnbd dies)",
-                cache_size_text(args.cache_size)
+                cache_size_text(settings.cache_size)
             );
             caches.push((cache.clone(), tokio::spawn(write_back_loop(cache, plan.name.clone()))));
         }
         let device: Arc<dyn BlockDevice> = Arc::new(device);
         lines.push(format!(
-            "serving export '{}' on {listen}: {description}{}; {cache_text}",
+            "serving export '{}': {description}{}; {cache_text}",
             plan.name,
             if read_only { ", READ-ONLY" } else { "" }
         ));
         let device = crate::metrics::instrument(metrics.as_ref(), &plan.name, &opened.array, device);
         exports.push(Export::new(plan.name.clone(), device));
         let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
+        watched.push(Watched { export: plan.name.clone(), array: opened.array.clone() });
         controlled.push(ControlledExport {
             name: plan.name,
             array: opened.array.clone(),
@@ -133,8 +208,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         arrays.push(opened.array);
     }
     let server = Server::new(exports, ServerConfig::default()).map_err(|e| anyhow!("{e}"))?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-    let socket = args.control.clone().unwrap_or_else(|| control::default_socket(listen.port()));
+    let (listeners, activated) = listen::listeners(&settings.listen).await?;
+    let socket = settings.control.clone().unwrap_or_else(|| control::default_socket_for(&listeners));
     let control = Arc::new(Control { exports: controlled });
     let control_task = {
         let socket = socket.clone();
@@ -144,13 +219,51 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             }
         })
     };
+    let names: Vec<String> = listeners.iter().map(Bound::describe).collect();
+    tracing::info!("listening on {}{}", names.join(", "), if activated { " (socket activation)" } else { "" });
     for line in &lines {
         tracing::info!("{line}");
     }
-    let served = server.serve(listener, shutdown_signal()).await;
-    tracing::info!("shutting down: flushing and marking arrays clean");
+    let mut unix_paths = Vec::new();
+    let mut serving = tokio::task::JoinSet::new();
+    for bound in listeners {
+        let server = server.clone();
+        let stop = shutdown.stop.clone();
+        match bound {
+            Bound::Tcp(l) => {
+                serving.spawn(async move { server.serve(l, stop.cancelled_owned()).await });
+            }
+            Bound::Unix { listener, path, remove } => {
+                if remove {
+                    unix_paths.push(path);
+                }
+                serving.spawn(async move { server.serve(listener, stop.cancelled_owned()).await });
+            }
+        }
+    }
+    let monitor = monitor::spawn(watched, settings.on_event.clone(), shutdown.stop.clone());
+    crate::notify::ready(&format!("serving on {}", names.join(", ")));
+    shutdown.stop.cancelled().await;
+    crate::notify::stopping();
+    let drained = tokio::select! {
+        r = join_servers(&mut serving) => Some(r),
+        _ = shutdown.hurry.cancelled() => None,
+    };
+    let served = match drained {
+        Some(r) => r,
+        None => {
+            serving.shutdown().await;
+            // The drain was cut short: flush what the connections had written.
+            server.flush_all().await
+        }
+    };
+    let _ = monitor.await;
     control_task.abort();
     let _ = std::fs::remove_file(&socket);
+    for path in &unix_paths {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!("writing back the cache, flushing and marking arrays clean");
     // Cached writes reach the members before the arrays are marked clean.
     let mut cache_error = None;
     for (cache, task) in caches {
@@ -167,8 +280,23 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         bail!("cached writes could not be written to the members: {e}");
     }
     served.map_err(|e| anyhow!("{e}"))?;
+    tracing::info!("stopped cleanly");
     Ok(())
 }
+
+/// Waits for every listener's serve loop; the first error wins.
+async fn join_servers(serving: &mut tokio::task::JoinSet<nbd_server::Result<()>>) -> nbd_server::Result<()> {
+    let mut result = Ok(());
+    while let Some(joined) = serving.join_next().await {
+        if let Ok(Err(e)) = joined {
+            result = result.and(Err(e));
+        }
+    }
+    result
+}
+
+/// Default `--cache-size`.
+const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
 /// Smallest `--cache-size` accepted.
 const MIN_CACHE_BYTES: u64 = 1 << 20;
@@ -210,15 +338,5 @@ async fn write_back_loop(cache: Arc<WriteCache<dyn Member>>, export: String) {
                 }
             }
         }
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }

@@ -62,7 +62,10 @@ fn serve_and_inspect_refuse_bad_member_sets() {
     assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--size", "16M", "x", "y", "z"]));
     std::fs::write(d.join("plain"), vec![0u8; 1 << 20]).unwrap();
 
-    assert_user_error(&raidnbd(d, &["serve", "a", "b", "nope"]), "nope");
+    // A named member that does not exist counts as absent (the array would start degraded);
+    // with --require-all, or when too few are left, serve refuses and names it.
+    assert_user_error(&raidnbd(d, &["serve", "--require-all", "a", "b", "nope"]), "nope");
+    assert_user_error(&raidnbd(d, &["serve", "a", "nope", "nope2"]), "absent: nope, nope2");
     assert_user_error(&raidnbd(d, &["serve", "a", "b", "x"]), "x");
     assert_user_error(&raidnbd(d, &["serve", "a"]), "cannot");
     assert_user_error(&raidnbd(d, &["serve", "a", "b", "plain"]), "plain");

@@ -9,4 +9,5 @@ mod crash;
 mod ctl_rebuild;
 mod metrics;
 mod serve_clients;
+mod service;
 mod write_cache;

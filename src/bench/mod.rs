@@ -15,6 +15,7 @@
 //! stops the current fio, writes what was measured so far and removes the temporary
 //! members (unless `--keep`).
 
+mod args;
 mod duration;
 mod fio;
 mod notes;
@@ -33,9 +34,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
+pub use args::BenchArgs;
 pub use duration::parse_duration;
 
-use crate::cli::{BenchArgs, CacheMode};
+use crate::shared_args::CacheMode;
 use crate::size::format_size;
 use fio::FioJob;
 use plan::{ArraySpec, Plan};

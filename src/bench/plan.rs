@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::{Result, anyhow, bail};
 use raid_core::geometry::Level;
 
-use crate::cli::{BenchArgs, CacheMode, MemberIoArgs};
+use super::args::BenchArgs;
+use crate::shared_args::{CacheMode, MemberIoArgs};
 use crate::size::format_size;
 
 /// One array to build and measure.

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
 use super::plan::ArraySpec;
-use crate::cli::{CacheMode, MemberIoArgs};
+use crate::shared_args::{CacheMode, MemberIoArgs};
 
 /// Export name the bench serves.
 pub const EXPORT: &str = "bench";
@@ -271,7 +271,7 @@ impl Drop for ServedArray {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::IoEngine;
+    use crate::shared_args::IoEngine;
 
     #[test]
     fn reads_the_created_size() {

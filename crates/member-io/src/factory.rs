@@ -20,7 +20,7 @@ use raid_core::Member;
 
 use crate::error::{MemberIoError, Result};
 use crate::file_member::{InlineMember, ThreadPoolMember, UringMember};
-use crate::inline::is_memory_backed;
+use crate::memory_fs::is_memory_backed;
 use crate::options::{DirectMode, EngineKind, IoEngine, OpenOptions};
 use crate::probe::{UringUnavailable, uring_probe};
 

@@ -28,6 +28,7 @@ mod file_member;
 mod file_ops;
 mod inline;
 mod member_file;
+mod memory_fs;
 mod options;
 mod probe;
 mod sync_ops;

@@ -30,7 +30,7 @@ use raid_core::buf::BUF_ALIGN;
 
 use crate::dio_align::{self, DioAlign};
 use crate::error::{MemberIoError, Result};
-use crate::inline::is_memory_backed;
+use crate::memory_fs::is_memory_backed;
 use crate::options::DirectMode;
 
 /// An open member device and what we know about it.

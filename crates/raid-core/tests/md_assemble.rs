@@ -51,7 +51,7 @@ mod md {
 
     fn refused(candidates: &[Candidate]) -> String {
         let e = assemble(candidates).expect_err("assembly should be refused");
-        assert!(matches!(e.kind, ErrorKind::CannotAssemble | ErrorKind::BadMetadata), "{e:?}");
+        assert!(matches!(e.kind, ErrorKind::CannotAssemble | ErrorKind::BadMetadata | ErrorKind::ArrayFailed), "{e:?}");
         e.message
     }
 
@@ -150,6 +150,8 @@ mod md {
             "{msg}"
         );
         assert!(msg.contains("found: /dev/sda (role 0), /dev/sdc (role 2)"), "{msg}");
+        // Too few members is its own kind (mdadm --detail --test: "unusable").
+        assert_eq!(assemble(&c).unwrap_err().kind, ErrorKind::ArrayFailed);
 
         let md0 = new_array(Level::Raid0, 3, "stripe", 5);
         let c0: Vec<Candidate> = candidates_of(&md0, "sd").into_iter().take(2).collect();

@@ -23,6 +23,7 @@
 //!
 //! Never writes anything; the caller reads the superblocks (4 KiB at byte 4096) and opens the
 //! chosen members. Errors are [`ErrorKind::BadMetadata`] for undecodable superblocks and
+//! [`ErrorKind::ArrayFailed`] for a consistent set with too few members to run, and
 //! [`ErrorKind::CannotAssemble`] otherwise.
 
 use std::collections::BTreeMap;
@@ -315,13 +316,17 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
         } else {
             format!(" (roles {} are only partly rebuilt and count as missing)", join(&recovering_roles))
         };
-        return Err(cannot(format!(
-            "cannot assemble {array_name}: {} of {raid_disks} members missing (roles {}){rebuilding}; {level} survives \
-             at most {at_most}; {}",
-            unavailable.len(),
-            join(&unavailable),
-            found()
-        )));
+        // Its own kind: the set is consistent but too small to run (mdadm --detail --test: 2).
+        return Err(RaidError::new(
+            ErrorKind::ArrayFailed,
+            format!(
+                "cannot assemble {array_name}: {} of {raid_disks} members missing (roles {}){rebuilding}; {level} \
+                 survives at most {at_most}; {}",
+                unavailable.len(),
+                join(&unavailable),
+                found()
+            ),
+        ));
     }
 
     let mut metadata = ArrayMetadata::from_superblock(fresh);

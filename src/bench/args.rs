@@ -1,0 +1,78 @@
+//! `raidnbd bench`'s command line.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::shared_args::{CacheMode, MemberIoArgs};
+use crate::size::parse_size;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Workloads (for --workloads): dd-write, seq1m-q8t1-read, seq1m-q8t1-write, \
+                        seq1m-q1t1-read, seq1m-q1t1-write, rnd4k-q32t1-read, rnd4k-q32t1-write, \
+                        rnd4k-q1t1-read, rnd4k-q1t1-write, seq-fullstripe-write, sweep-randread-SIZE, \
+                        sweep-randwrite-SIZE; a prefix ending before a dash selects several (rnd4k, \
+                        seq1m-q8t1, sweep, sweep-randread).\n\n\
+                        Example (cloud-volume emulation): raidnbd bench --member-bw 20M --member-iops 200 \\\n\
+                        \x20   --levels single,0,5,6,10 --members 4 --chunks 64K --out bench-results")]
+pub struct BenchArgs {
+    /// Arrays to measure: single (one member served the same way: the baseline for ratios),
+    /// linear, 0, 1, 4, 5, 6, 10.
+    #[arg(long, value_delimiter = ',', default_value = "single,0,5,6,10")]
+    pub levels: Vec<String>,
+    /// Members per array.
+    #[arg(long, default_value_t = 4)]
+    pub members: usize,
+    /// Chunk sizes; every striped level is built once per chunk size.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "64K")]
+    pub chunks: Vec<u64>,
+    /// Cache modes to measure (writeback rows read "skipped" while it is not available).
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "writethrough")]
+    pub cache: Vec<CacheMode>,
+    /// Size of each member file [default: 1G; 64M with --quick].
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Measured time per workload [default: 10s; 1s with --quick].
+    #[arg(long, value_parser = super::parse_duration)]
+    pub runtime: Option<std::time::Duration>,
+    /// Warm-up before measuring, per workload [default: 2s; 0.5s with --quick].
+    #[arg(long, value_parser = super::parse_duration)]
+    pub ramp: Option<std::time::Duration>,
+    /// Smoke-test preset: small members, short runs, a two-point sweep.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only these workloads (see below) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Vec<String>,
+    /// Block sizes of the block-size sweep [default: 4K,16K,64K,256K,1M; 4K,1M with --quick].
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    pub sweep: Option<Vec<u64>>,
+    /// Do not write the whole array once before measuring (reads then hit unwritten space).
+    #[arg(long)]
+    pub no_fill: bool,
+    /// Where the member files go: a fresh directory is made inside [default: /var/tmp, else .].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Use these files or block devices as members instead of temporary files (needs --force:
+    /// their contents are destroyed).
+    #[arg(long, value_delimiter = ',', value_name = "DEV")]
+    pub devices: Vec<String>,
+    /// Allow overwriting --devices.
+    #[arg(long)]
+    pub force: bool,
+    /// Keep the member files and server logs.
+    #[arg(long)]
+    pub keep: bool,
+    /// Directory for the results (results.md, .csv, .json, .svg, -ratio.svg).
+    #[arg(long, default_value = "raidnbd-bench")]
+    pub out: PathBuf,
+    /// Write-back cache size given to `serve --cache-size` (with --cache writeback) [default: serve's].
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Measure everything this many times, arrays interleaved, and report the median run
+    /// (with the spread): for noisy or shared machines.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    #[command(flatten)]
+    pub io: MemberIoArgs,
+}

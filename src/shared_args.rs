@@ -1,0 +1,47 @@
+//! Argument groups and value types that several commands share (serve, bench, quickstart,
+//! check): how members are opened and which write cache runs. The command definitions
+//! (cli.rs, bench/args.rs) use them; they import nothing from either.
+
+use clap::{Args, ValueEnum};
+
+use crate::size::parse_size;
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Acknowledge writes once they are on the members (safe; default).
+    #[default]
+    Writethrough,
+    /// Acknowledge writes from memory and write them back later: faster, but writes not
+    /// yet flushed are LOST if raidnbd dies.
+    Writeback,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    /// Inline for member files on tmpfs/ramfs; else io_uring when the kernel allows it, else
+    /// a thread pool (the reason is logged).
+    #[default]
+    Auto,
+    /// io_uring only; fail if unavailable.
+    Uring,
+    /// Thread pool with pread/pwrite.
+    Threads,
+    /// pread/pwrite in the serving task: for members in memory (a disk would stall serving).
+    Inline,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct MemberIoArgs {
+    /// I/O engine for the members.
+    #[arg(long, value_enum, default_value_t = IoEngine::Auto)]
+    pub io: IoEngine,
+    /// Throttle each member to this bandwidth, bytes/s (e.g. 20M), like a cloud volume.
+    #[arg(long, value_parser = parse_size, value_name = "RATE")]
+    pub member_bw: Option<u64>,
+    /// Throttle each member to this many I/O operations per second (e.g. 200).
+    #[arg(long, value_name = "N")]
+    pub member_iops: Option<u64>,
+    /// Open members with buffered I/O instead of O_DIRECT.
+    #[arg(long)]
+    pub buffered: bool,
+}
