@@ -12,9 +12,9 @@
 //! `Array::write_in_place`) are received by the server straight into shared mappings of the
 //! member files, made once per member file.
 //!
-//! With `serve --cache writeback` every request goes through the array's one shared
-//! [`WriteCache`] instead (one per array, so a FLUSH on any connection covers writes made on
-//! all of them and multi-conn stays safe).
+//! The device serves one [`Volume`]: the array itself, or with `serve --cache writeback`
+//! the array's one shared write cache (one per array, so a FLUSH on any connection covers
+//! writes made on all of them and multi-conn stays safe), which offers no in-place paths.
 
 use std::sync::Arc;
 
@@ -25,38 +25,29 @@ use nbd_server::device::{
     SEND_FILE_MIN_BYTES, WriteTarget, ZeroFlags,
 };
 use nbd_server::protocol::consts::MAX_PAYLOAD_BYTES;
-use raid_core::engine::Array;
-use raid_core::write_cache::WriteCache;
-use raid_core::{ErrorKind, Member, RaidError};
+use raid_core::geometry::Geometry;
+use raid_core::{ErrorKind, RaidError, Volume};
 
 pub struct ArrayDevice {
-    array: Arc<Array<dyn Member>>,
-    /// `--cache writeback`: every request goes through it.
-    cache: Option<Arc<WriteCache<dyn Member>>>,
+    /// The array, or the write-back cache over it.
+    volume: Arc<dyn Volume>,
     info: DeviceInfo,
     /// Mappings of member files that took writes in place.
     mappings: FileMappings,
 }
 
 impl ArrayDevice {
-    pub fn new(array: Arc<Array<dyn Member>>, read_only: bool, description: String) -> Self {
-        let geometry = array.geometry();
+    /// Serves `volume`, an array of `geometry` (or a layer over one).
+    pub fn new(volume: Arc<dyn Volume>, geometry: &Geometry, read_only: bool, description: String) -> Self {
         let info = DeviceInfo {
             read_only,
             can_fast_zero: false,
             can_cache: false,
             min_block_bytes: 512,
             preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors()),
-            ..DeviceInfo::full_featured(array.size_bytes(), description)
+            ..DeviceInfo::full_featured(volume.size_bytes(), description)
         };
-        Self { array, cache: None, info, mappings: FileMappings::default() }
-    }
-
-    /// Serves through a write-back cache over the same array.
-    pub fn with_cache(mut self, cache: Arc<WriteCache<dyn Member>>) -> Self {
-        debug_assert!(Arc::ptr_eq(cache.array(), &self.array), "cache over another array");
-        self.cache = Some(cache);
-        self
+        Self { volume, info, mappings: FileMappings::default() }
     }
 }
 
@@ -83,9 +74,8 @@ impl BlockDevice for ArrayDevice {
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         Box::pin(async move {
-            if self.cache.is_none()
-                && len >= SEND_FILE_MIN_BYTES
-                && let Some(extents) = self.array.read_in_place(offset, len as usize).map_err(to_device_error)?
+            if len >= SEND_FILE_MIN_BYTES
+                && let Some(extents) = self.volume.read_in_place(offset, len as usize).map_err(to_device_error)?
             {
                 return Ok(extents
                     .into_iter()
@@ -95,11 +85,7 @@ impl BlockDevice for ArrayDevice {
                     })
                     .collect());
             }
-            let data = match &self.cache {
-                Some(cache) => cache.read(offset, len as usize).await,
-                None => self.array.read(offset, len as usize).await,
-            }
-            .map_err(to_device_error)?;
+            let data = self.volume.read(offset, len as usize).await.map_err(to_device_error)?;
             let (bufs, segments) = data.into_parts();
             let owners: Vec<Bytes> = bufs.into_iter().map(Bytes::from_owner).collect();
             Ok(segments
@@ -110,21 +96,12 @@ impl BlockDevice for ArrayDevice {
     }
 
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move {
-            match &self.cache {
-                Some(cache) => cache.write(offset, &data, fua).await,
-                None => self.array.write(offset, &data, fua).await,
-            }
-            .map_err(to_device_error)
-        })
+        Box::pin(async move { self.volume.write(offset, &data, fua).await.map_err(to_device_error) })
     }
 
     fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
         Box::pin(async move {
-            if self.cache.is_some() {
-                return Ok(None);
-            }
-            let Some(extents) = self.array.write_in_place(offset, len as usize).await.map_err(to_device_error)? else {
+            let Some(extents) = self.volume.write_in_place(offset, len as usize).await.map_err(to_device_error)? else {
                 return Ok(None);
             };
             let mut targets = Vec::with_capacity(extents.len());
@@ -138,27 +115,15 @@ impl BlockDevice for ArrayDevice {
     }
 
     fn write_received(&self, _offset: u64, _len: u32, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move { if fua { self.array.flush().await.map_err(to_device_error) } else { Ok(()) } })
+        Box::pin(async move { if fua { self.volume.flush().await.map_err(to_device_error) } else { Ok(()) } })
     }
 
     fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move {
-            match &self.cache {
-                Some(cache) => cache.flush().await,
-                None => self.array.flush().await,
-            }
-            .map_err(to_device_error)
-        })
+        Box::pin(async move { self.volume.flush().await.map_err(to_device_error) })
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move {
-            match &self.cache {
-                Some(cache) => cache.trim(offset, len, fua).await,
-                None => self.array.trim(offset, len, fua).await,
-            }
-            .map_err(to_device_error)
-        })
+        Box::pin(async move { self.volume.trim(offset, len, fua).await.map_err(to_device_error) })
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
@@ -166,11 +131,7 @@ impl BlockDevice for ArrayDevice {
             if flags.fast_zero {
                 return Err(DeviceError::new(DeviceErrorKind::NotSupported, "fast zeroing is not supported"));
             }
-            match &self.cache {
-                Some(cache) => cache.write_zeroes(offset, len, !flags.no_hole, flags.fua).await,
-                None => self.array.write_zeroes(offset, len, !flags.no_hole, flags.fua).await,
-            }
-            .map_err(to_device_error)
+            self.volume.write_zeroes(offset, len, !flags.no_hole, flags.fua).await.map_err(to_device_error)
         })
     }
 }

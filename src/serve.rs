@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use anyhow::{Result, anyhow, bail};
 use nbd_server::{BlockDevice, Export, Server, ServerConfig};
-use raid_core::Member;
 use raid_core::engine::Array;
 use raid_core::write_cache::WriteCache;
+use raid_core::{Member, Volume};
 
 use crate::cli::{CacheMode, DEFAULT_LISTEN, ListenAddr, MemberIoArgs, ServeArgs};
 use crate::config;
@@ -178,17 +178,18 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         let opened = open_array(&paths, &plan.options, settings.force, settings.require_all).await?;
         let read_only = plan.options.read_only || opened.forced_read_only;
         let description = describe(&opened);
-        let mut device = ArrayDevice::new(opened.array.clone(), read_only, description.clone());
+        let mut volume: Arc<dyn Volume> = opened.array.clone();
         let mut cache_text = "cache writethrough".to_string();
         if settings.cache == CacheMode::Writeback && !read_only {
             let cache = Arc::new(WriteCache::new(opened.array.clone(), settings.cache_size));
-            device = device.with_cache(cache.clone());
+            volume = cache.clone();
             cache_text = format!(
                 "cache writeback ({}; writes not yet flushed are LOST if raidnbd dies)",
                 cache_size_text(settings.cache_size)
             );
             caches.push((cache.clone(), tokio::spawn(write_back_loop(cache, plan.name.clone()))));
         }
+        let device = ArrayDevice::new(volume, opened.array.geometry(), read_only, description.clone());
         let device: Arc<dyn BlockDevice> = Arc::new(device);
         lines.push(format!(
             "serving export '{}': {description}{}; {cache_text}",

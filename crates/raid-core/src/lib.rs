@@ -8,6 +8,8 @@
 //!  md         v1.2 superblock encode/decode, default data offset, assembly planning
 //!  engine     Array<M: Member>: turns block requests into member I/O, degraded mode,
 //!             per-stripe locking, RMW vs reconstruct-write
+//!  volume     the Volume trait an array and the layers stacked on it (write cache) serve
+//!  write_cache  the write-back cache, a Volume over an Array
 //!  member     the async member I/O trait backends implement; MemoryMember
 //!  buf        AlignedBuf, the owned page-aligned buffer every member I/O carries
 //! ```
@@ -23,11 +25,13 @@ pub mod md;
 pub mod md_store;
 pub mod member;
 pub mod parity;
+pub mod volume;
 pub mod write_cache;
 
 pub use buf::AlignedBuf;
 pub use error::{ErrorKind, RaidError};
 pub use member::{Member, MemoryMember};
+pub use volume::Volume;
 
 /// Bytes per sector, the unit of every md field.
 pub const SECTOR_BYTES: u64 = 512;

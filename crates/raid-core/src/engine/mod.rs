@@ -52,6 +52,7 @@ use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::Geometry;
 use crate::member::Member;
+use crate::volume::{Volume, VolumeFuture};
 use slot::Slot;
 
 /// Largest READ/WRITE the engine accepts in one call (the NBD kernel client's maximum).
@@ -537,5 +538,33 @@ impl<M: Member + ?Sized> Array<M> {
             self.dirty.store(true, Ordering::Release);
         }
         self.check_survives("mark dirty")
+    }
+}
+
+/// The array as a volume: its own methods, including the in-place paths.
+impl<M: Member + ?Sized + 'static> Volume for Array<M> {
+    fn size_bytes(&self) -> u64 {
+        Array::size_bytes(self)
+    }
+    fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, ReadData> {
+        Box::pin(Array::read(self, offset_bytes, len_bytes))
+    }
+    fn write<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
+        Box::pin(Array::write(self, offset_bytes, data, fua))
+    }
+    fn flush(&self) -> VolumeFuture<'_, ()> {
+        Box::pin(Array::flush(self))
+    }
+    fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> VolumeFuture<'_, ()> {
+        Box::pin(Array::trim(self, offset_bytes, len_bytes, fua))
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> VolumeFuture<'_, ()> {
+        Box::pin(Array::write_zeroes(self, offset_bytes, len_bytes, may_deallocate, fua))
+    }
+    fn read_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {
+        Array::read_in_place(self, offset_bytes, len_bytes)
+    }
+    fn write_in_place(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, Option<Vec<FileExtent>>> {
+        Box::pin(Array::write_in_place(self, offset_bytes, len_bytes))
     }
 }

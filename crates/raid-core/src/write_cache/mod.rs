@@ -52,6 +52,7 @@ use crate::SECTOR_BYTES;
 use crate::engine::{Array, ReadData};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
+use crate::volume::{Volume, VolumeFuture};
 pub use budget::CHUNK_OVERHEAD_BYTES;
 use budget::{Budget, Chunk};
 use extent_map::{Extent, ExtentMap};
@@ -294,4 +295,27 @@ fn clip(offset: u64, extent: &Extent, start: u64, end: u64) -> (u64, Extent) {
 
 fn failure_error(kind: ErrorKind, message: &str) -> RaidError {
     RaidError::new(kind, format!("cached writes could not be written to the array (data stays cached): {message}"))
+}
+
+/// The cache is a volume stacked on its array (no in-place paths: every byte goes through
+/// the cache).
+impl<M: Member + ?Sized + 'static> Volume for WriteCache<M> {
+    fn size_bytes(&self) -> u64 {
+        self.array.size_bytes()
+    }
+    fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, ReadData> {
+        Box::pin(WriteCache::read(self, offset_bytes, len_bytes))
+    }
+    fn write<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
+        Box::pin(WriteCache::write(self, offset_bytes, data, fua))
+    }
+    fn flush(&self) -> VolumeFuture<'_, ()> {
+        Box::pin(WriteCache::flush(self))
+    }
+    fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> VolumeFuture<'_, ()> {
+        Box::pin(WriteCache::trim(self, offset_bytes, len_bytes, fua))
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> VolumeFuture<'_, ()> {
+        Box::pin(WriteCache::write_zeroes(self, offset_bytes, len_bytes, may_deallocate, fua))
+    }
 }

@@ -1,0 +1,61 @@
+//! `Volume`: a byte-addressed block device made of members — the contract between an array
+//! (or a layer stacked on one) and whatever serves it.
+//!
+//! ```text
+//!   NBD export (binary) ──► Arc<dyn Volume>
+//!                              ├── engine::Array          the array itself (writethrough)
+//!                              └── write_cache::WriteCache over an Array (writeback)
+//!                                  (a parity log would stack here the same way)
+//! ```
+//!
+//! Contract (as [`engine::Array`](crate::engine::Array)'s own methods):
+//! - Offsets and lengths are bytes, multiples of 512; `read` and `write` take at most
+//!   [`MAX_IO_BYTES`](crate::engine::MAX_IO_BYTES). A read returns the bytes last written or
+//!   an error, never other bytes.
+//! - `write(.., fua = true)` is durable when it returns; `flush` makes every write that
+//!   completed before it durable; `trim` and `write_zeroes` leave the range reading as zeros.
+//! - The in-place paths are optional: a volume that can name the member-file pages holding a
+//!   range (members that are files in memory) returns them; the default is `None`, and the
+//!   caller then uses `read` / `write`.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::engine::{FileExtent, ReadData};
+use crate::error::Result;
+
+/// A boxed, sendable future of a volume operation.
+pub type VolumeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+pub trait Volume: Send + Sync {
+    /// Size in bytes.
+    fn size_bytes(&self) -> u64;
+
+    /// Reads `len_bytes` at `offset_bytes`.
+    fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, ReadData>;
+
+    /// Writes `data` at `offset_bytes`; with `fua` it is durable on return.
+    fn write<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()>;
+
+    /// Makes every completed write durable.
+    fn flush(&self) -> VolumeFuture<'_, ()>;
+
+    /// Discards a range (a hint); discarded ranges read back as zeros.
+    fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> VolumeFuture<'_, ()>;
+
+    /// Zeroes a range, deallocating where `may_deallocate` allows.
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> VolumeFuture<'_, ()>;
+
+    /// The member-file ranges holding `[offset_bytes, +len_bytes)`, to be read in place.
+    fn read_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {
+        let _ = (offset_bytes, len_bytes);
+        Ok(None)
+    }
+
+    /// The member-file ranges to write `[offset_bytes, +len_bytes)` into in place; on
+    /// `Some`, the volume counts the write as done once the caller has filled them.
+    fn write_in_place(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, Option<Vec<FileExtent>>> {
+        let _ = (offset_bytes, len_bytes);
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
