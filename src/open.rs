@@ -3,22 +3,20 @@
 //! ```text
 //!  paths ─► open_member (io_uring / threads / inline, O_DIRECT) ─► optional Throttled ─► optional Faulty
 //!        ─► optional MeteredMember (serve --metrics) ─► Arc<dyn Member>
-//!        ─► read 4 KiB at byte 4096 ─► md::Candidate ─► md::assemble ─► Geometry + RoleMembers
-//!        ─► engine::Array (with MdStore: state changes go to the superblocks)
+//!        ─► md::read_superblock_area ─► md::Candidate ─► md::assemble ─► md::start ─► engine::Array
 //! ```
+//!
+//! The binary only opens members and names them; how the array comes up (bitmap, write-hole
+//! policy, resync) is raid-core's `md::start`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
 use member_io::{DirectMode, FaultControl, Faulty, OpenOptions, ThrottleConfig, Throttled};
-use raid_core::engine::{Array, Device, RoleMember};
-use raid_core::geometry::{Geometry, Level};
-use raid_core::md::{
-    self, Assembly, BITMAP_STALE, Bitmap, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock,
-};
-use raid_core::md_store::MdStore;
-use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
+use raid_core::Member;
+use raid_core::engine::Array;
+use raid_core::md::{self, Assembly, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock};
 
 use crate::cli::{IoEngine, MemberIoArgs};
 
@@ -80,13 +78,7 @@ pub fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Me
 
 /// Reads the 4 KiB superblock area of a member (zeros past its end).
 pub async fn read_superblock_area(member: &dyn Member) -> Result<Vec<u8>> {
-    let len = member.len_bytes();
-    if len < SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64 {
-        return Ok(vec![0; SUPERBLOCK_BYTES]);
-    }
-    let (res, buf) = member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(SUPERBLOCK_BYTES)).await;
-    res.with_context(|| format!("{}: cannot read the superblock", member.name()))?;
-    Ok(buf.as_slice().to_vec())
+    md::read_superblock_area(member).await.map_err(anyhow::Error::new)
 }
 
 /// An assembled, running array and how it was put together.
@@ -143,21 +135,15 @@ pub async fn open_array(
     for notice in &assembly.notices {
         tracing::warn!("{notice}");
     }
-    let mut forced_read_only = false;
-    if assembly.parity_untrusted() && !force && !options.read_only {
-        tracing::warn!(
-            "array {} was not shut down cleanly and is degraded: parity of stripes being written at the \
-             crash may be stale (the RAID write hole), so rebuilding missing data from it could return \
-             wrong bytes. Serving READ-ONLY; restart with --force to accept the risk and allow writes.",
-            assembly.metadata.name()
-        );
-        forced_read_only = true;
-    }
-    let bitmap = read_bitmap(&assembly, &members).await;
-    let array = start_array(&assembly, &members, bitmap)?;
-    // A read-only array writes nothing at all: no superblocks, no resync.
-    array.set_read_only(options.read_only || forced_read_only);
-    Ok(OpenedArray { array: Arc::new(array), assembly, paths: opened_paths, absent, forced_read_only })
+    let start_options = md::StartOptions { read_only: options.read_only, force };
+    let started = md::start(&assembly, &members, start_options).await.map_err(anyhow::Error::new)?;
+    Ok(OpenedArray {
+        array: Arc::new(started.array),
+        assembly,
+        paths: opened_paths,
+        absent,
+        forced_read_only: started.forced_read_only,
+    })
 }
 
 /// Members by identity (`serve --uuid UUID --scan GLOB`): the paths matching `pattern` whose
@@ -195,103 +181,4 @@ fn superblock_uuid(path: &std::path::Path) -> std::io::Result<Option<MdUuid>> {
         return Ok(None);
     }
     Ok(Superblock::decode(&area).ok().map(|sb| sb.set_uuid))
-}
-
-/// Reads the internal write-intent bitmap from the first member that has a valid one.
-/// A missing or unreadable bitmap is logged and ignored (a crash then costs a full resync).
-async fn read_bitmap(assembly: &Assembly, members: &[Arc<dyn Member>]) -> Option<Bitmap> {
-    let meta = &assembly.metadata;
-    let offset_sectors = i64::from(meta.bitmap_offset()?);
-    for (role, candidate) in assembly.members.iter().enumerate() {
-        let Some(c) = *candidate else { continue };
-        let Some(index) = assembly.member_index_of_candidate(c) else { continue };
-        let start = (SUPERBLOCK_BYTE_OFFSET as i64 + offset_sectors * 512) as u64;
-        let end = meta.members[index].data_offset * SECTOR_BYTES;
-        let len = end.saturating_sub(start).min(MAX_BITMAP_BYTES) / 4096 * 4096;
-        if len == 0 {
-            continue;
-        }
-        let (res, buf) = members[c].read_at(start, AlignedBuf::zeroed(len as usize)).await;
-        if let Err(e) = res {
-            tracing::warn!(role, "cannot read the bitmap: {e}");
-            continue;
-        }
-        match Bitmap::decode(buf.as_slice(), meta.uuid) {
-            Ok(bitmap) => return Some(bitmap),
-            Err(e) => tracing::warn!(role, "{e}"),
-        }
-    }
-    tracing::warn!("the array has an internal bitmap but none could be read: an unclean stop will resync everything");
-    None
-}
-
-/// Bitmaps are at most this large (mdadm reserves up to 128 KiB).
-const MAX_BITMAP_BYTES: u64 = 128 << 10;
-
-/// Builds the engine from an assembly plan and the opened members (by candidate index).
-fn start_array(assembly: &Assembly, members: &[Arc<dyn Member>], bitmap: Option<Bitmap>) -> Result<Array<dyn Member>> {
-    let meta = &assembly.metadata;
-    let roles = assembly.members.len();
-    let member_index = |role: usize| assembly.members[role].and_then(|c| assembly.member_index_of_candidate(c));
-    let member_sectors: Vec<u64> = (0..roles)
-        .map(|role| match meta.level {
-            Level::Linear | Level::Raid0 => member_index(role).map_or(0, |i| meta.members[i].data_size),
-            _ => meta.size,
-        })
-        .collect();
-    let geometry = Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors)
-        .map_err(|e| anyhow!("array {}: {e}", meta.name()))?;
-    let role_members: Vec<Option<RoleMember<dyn Member>>> = (0..roles)
-        .map(|role| {
-            let candidate = assembly.members[role]?;
-            let index = member_index(role)?;
-            let record = &meta.members[index];
-            Some(RoleMember {
-                member: members[candidate].clone(),
-                data_offset_bytes: record.data_offset * SECTOR_BYTES,
-                recovery_offset_sectors: record.recovery_offset,
-                device_id: index,
-            })
-        })
-        .collect();
-    let spares: Vec<Device<dyn Member>> = assembly
-        .spares
-        .iter()
-        .filter_map(|&c| {
-            let index = assembly.member_index_of_candidate(c)?;
-            Some(Device {
-                id: index,
-                member: members[c].clone(),
-                data_offset_bytes: meta.members[index].data_offset * SECTOR_BYTES,
-            })
-        })
-        .collect();
-    let mut store = MdStore::new(meta.clone(), vec![true; meta.members.len()]);
-    let mut intent = None;
-    if let Some(bitmap) = bitmap {
-        let chunks = bitmap.chunks();
-        // A bitmap older than the superblocks may have missed writes: trust none of it.
-        let stale = bitmap.events < meta.events || bitmap.state & BITMAP_STALE != 0;
-        let dirty: Vec<u64> = if stale && !meta.is_clean() {
-            tracing::warn!("the write-intent bitmap is stale: resyncing the whole array");
-            (0..chunks).collect()
-        } else {
-            (0..chunks).filter(|&c| bitmap.is_set(c)).collect()
-        };
-        if !meta.is_clean() {
-            tracing::info!("unclean stop: {} of {chunks} bitmap chunks to resync", dirty.len());
-        }
-        intent = Some((bitmap.chunk_sectors(), chunks, dirty));
-        store = store.with_bitmap(bitmap);
-    }
-    let mut array = Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean())
-        .map_err(|e| anyhow!("{e}"))?
-        .with_spares(spares);
-    if let Some((chunk_sectors, chunks, dirty)) = intent {
-        array = array.with_write_intent(chunk_sectors, chunks, &dirty);
-    }
-    if !meta.is_clean() && meta.resync_offset != 0 {
-        array.resume_resync_from(meta.resync_offset);
-    }
-    Ok(array)
 }

@@ -5,7 +5,8 @@
 //! ```text
 //!  geometry   where each array sector lives (linear, 0, 1, 4, 5, 6, 10; md layouts)
 //!  parity     XOR P, GF(2^8) Q, recovery of one or two lost blocks (lib/raid6 math)
-//!  md         v1.2 superblock encode/decode, default data offset, assembly planning
+//!  md         v1.2 superblock encode/decode, default data offset, assembly planning,
+//!             the metadata store and start-up (md::start: assembly -> running Array)
 //!  engine     Array<M: Member>: turns block requests into member I/O, degraded mode,
 //!             per-stripe locking, RMW vs reconstruct-write
 //!  volume     the Volume trait an array and the layers stacked on it (write cache) serve
@@ -22,7 +23,6 @@ pub mod engine;
 pub mod error;
 pub mod geometry;
 pub mod md;
-pub mod md_store;
 pub mod member;
 pub mod parity;
 pub mod volume;

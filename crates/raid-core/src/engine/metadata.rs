@@ -1,7 +1,7 @@
 //! How the engine records state changes on disk.
 //!
 //! The engine does not know the superblock format: it hands a [`StateChange`] to a
-//! [`MetadataStore`] (md v1.2: [`crate::md_store::MdStore`]), which updates its model and
+//! [`MetadataStore`] (md v1.2: [`crate::md::MdStore`]), which updates its model and
 //! returns the superblock images to write. The engine writes them (FUA) to every live
 //! device, serialised so a newer image is never overwritten by an older one.
 //!

@@ -9,9 +9,12 @@
 //!  ArrayMetadata ── mark_faulty / bump_events / set_dirty ... ──► superblock_for(i) ─► Superblock::encode ─► 4096 bytes
 //! ```
 //!
-//! Everything here is pure: it takes bytes and numbers and returns plans and bytes. The engine
-//! and the binary read and write the members (the superblock lives at byte 4096 of each member,
-//! [`SUPERBLOCK_BYTE_OFFSET`]; write [`SUPERBLOCK_BYTES`] bytes there).
+//! Everything here is pure — it takes bytes and numbers and returns plans and bytes — except
+//! two files at the seam to the engine: `store` ([`MdStore`], the engine's metadata store
+//! that renders superblocks for each state change) and `start` ([`start()`]: reads the
+//! superblock area and bitmap through the members and brings an [`Assembly`] up as a running
+//! `engine::Array`). The superblock lives at byte 4096 of each member
+//! ([`SUPERBLOCK_BYTE_OFFSET`], [`SUPERBLOCK_BYTES`] bytes).
 //!
 //! Compatibility stance: decode is as strict as the kernel and refuses what raidnbd does not
 //! implement (reshape, journal, PPL, clustering, metadata 1.0/1.1); create writes what mdadm 4.6
@@ -25,6 +28,8 @@ mod data_offset;
 mod dev_role;
 mod feature;
 mod metadata;
+mod start;
+mod store;
 mod superblock;
 mod uuid;
 
@@ -39,6 +44,8 @@ pub use data_offset::{
 pub use dev_role::{DevRole, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, ROLE_SPARE};
 pub use feature::FeatureMap;
 pub use metadata::{ArrayMetadata, MemberMetadata};
+pub use start::{StartOptions, Started, read_superblock_area, start};
+pub use store::MdStore;
 pub use superblock::{
     DEVFLAG_FAILFAST, DEVFLAG_WRITE_MOSTLY, HEADER_BYTES, MAX_DEV, MD_SB_MAGIC, MIN_DATA_SIZE, RESYNC_CLEAN,
     SUPER_OFFSET_1_2, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock, TIME_SECS_MASK, name_from_bytes,

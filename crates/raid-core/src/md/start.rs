@@ -1,0 +1,171 @@
+//! Starting an md array: from opened members to a running [`Array`].
+//!
+//! ```text
+//!  members ─► read_superblock_area (4 KiB at byte 4096) ─► Candidate ─► assemble ─► Assembly
+//!  Assembly + members ─► start(): write-hole policy ─► bitmap (first member with a valid one)
+//!     ─► Geometry + RoleMembers + spares ─► Array (MdStore: state changes go to the superblocks)
+//!     ─► write intent from the bitmap, resync resumed where an unclean stop left it
+//! ```
+//!
+//! This is the one place that decides how an assembled array comes up; a parity-log replay
+//! belongs here too, before the array takes writes. The caller opens the members (files,
+//! devices, remote exports) and serves the result.
+
+use std::sync::Arc;
+
+use crate::SECTOR_BYTES;
+use crate::buf::AlignedBuf;
+use crate::engine::{Array, Device, RoleMember};
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::{Geometry, Level};
+use crate::md::{Assembly, BITMAP_STALE, Bitmap, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
+use crate::member::Member;
+
+/// Bitmaps are at most this large (mdadm reserves up to 128 KiB).
+const MAX_BITMAP_BYTES: u64 = 128 << 10;
+
+/// How to bring the array up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartOptions {
+    /// Write nothing at all: no superblocks, no resync.
+    pub read_only: bool,
+    /// Serve a dirty, degraded RAID4/5/6 read-write although its parity may be stale.
+    pub force: bool,
+}
+
+/// A started array.
+pub struct Started<M: Member + ?Sized> {
+    pub array: Array<M>,
+    /// The array was dirty and degraded (parity untrusted) and was started read-only.
+    pub forced_read_only: bool,
+}
+
+/// Reads the 4 KiB superblock area of a member (zeros if the member is too small to hold one).
+pub async fn read_superblock_area<M: Member + ?Sized>(member: &M) -> Result<Vec<u8>> {
+    if member.len_bytes() < SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64 {
+        return Ok(vec![0; SUPERBLOCK_BYTES]);
+    }
+    let (res, buf) = member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(SUPERBLOCK_BYTES)).await;
+    res.map_err(|e| RaidError::io(format!("{}: cannot read the superblock: {e}", member.name()), e))?;
+    Ok(buf.as_slice().to_vec())
+}
+
+/// Starts the array `assembly` describes over `members` (indexed as the candidates were).
+///
+/// A dirty, degraded raid4/5/6 (the write hole: parity of stripes written at the crash may be
+/// stale, so data rebuilt from it may be wrong) is started read-only unless `options.force`.
+pub async fn start<M: Member + ?Sized>(
+    assembly: &Assembly,
+    members: &[Arc<M>],
+    options: StartOptions,
+) -> Result<Started<M>> {
+    let mut forced_read_only = false;
+    if assembly.parity_untrusted() && !options.force && !options.read_only {
+        tracing::warn!(
+            "array {} was not shut down cleanly and is degraded: parity of stripes being written at the \
+             crash may be stale (the RAID write hole), so rebuilding missing data from it could return \
+             wrong bytes. Serving READ-ONLY; restart with --force to accept the risk and allow writes.",
+            assembly.metadata.name()
+        );
+        forced_read_only = true;
+    }
+    let bitmap = read_bitmap(assembly, members).await;
+    let array = build(assembly, members, bitmap)?;
+    // A read-only array writes nothing at all: no superblocks, no resync.
+    array.set_read_only(options.read_only || forced_read_only);
+    Ok(Started { array, forced_read_only })
+}
+
+/// Reads the internal write-intent bitmap from the first member that has a valid one.
+/// A missing or unreadable bitmap is logged and ignored (a crash then costs a full resync).
+async fn read_bitmap<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>]) -> Option<Bitmap> {
+    let meta = &assembly.metadata;
+    let offset_sectors = i64::from(meta.bitmap_offset()?);
+    for (role, candidate) in assembly.members.iter().enumerate() {
+        let Some(c) = *candidate else { continue };
+        let Some(index) = assembly.member_index_of_candidate(c) else { continue };
+        let start = (SUPERBLOCK_BYTE_OFFSET as i64 + offset_sectors * 512) as u64;
+        let end = meta.members[index].data_offset * SECTOR_BYTES;
+        let len = end.saturating_sub(start).min(MAX_BITMAP_BYTES) / 4096 * 4096;
+        if len == 0 {
+            continue;
+        }
+        let (res, buf) = members[c].read_at(start, AlignedBuf::zeroed(len as usize)).await;
+        if let Err(e) = res {
+            tracing::warn!(role, "cannot read the bitmap: {e}");
+            continue;
+        }
+        match Bitmap::decode(buf.as_slice(), meta.uuid) {
+            Ok(bitmap) => return Some(bitmap),
+            Err(e) => tracing::warn!(role, "{e}"),
+        }
+    }
+    tracing::warn!("the array has an internal bitmap but none could be read: an unclean stop will resync everything");
+    None
+}
+
+/// Builds the engine from an assembly plan and the opened members (by candidate index).
+fn build<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>], bitmap: Option<Bitmap>) -> Result<Array<M>> {
+    let meta = &assembly.metadata;
+    let roles = assembly.members.len();
+    let member_index = |role: usize| assembly.members[role].and_then(|c| assembly.member_index_of_candidate(c));
+    let member_sectors: Vec<u64> = (0..roles)
+        .map(|role| match meta.level {
+            Level::Linear | Level::Raid0 => member_index(role).map_or(0, |i| meta.members[i].data_size),
+            _ => meta.size,
+        })
+        .collect();
+    let geometry = Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors)
+        .map_err(|e| RaidError::new(ErrorKind::CannotAssemble, format!("array {}: {e}", meta.name())))?;
+    let role_members: Vec<Option<RoleMember<M>>> = (0..roles)
+        .map(|role| {
+            let candidate = assembly.members[role]?;
+            let index = member_index(role)?;
+            let record = &meta.members[index];
+            Some(RoleMember {
+                member: members[candidate].clone(),
+                data_offset_bytes: record.data_offset * SECTOR_BYTES,
+                recovery_offset_sectors: record.recovery_offset,
+                device_id: index,
+            })
+        })
+        .collect();
+    let spares: Vec<Device<M>> = assembly
+        .spares
+        .iter()
+        .filter_map(|&c| {
+            let index = assembly.member_index_of_candidate(c)?;
+            Some(Device {
+                id: index,
+                member: members[c].clone(),
+                data_offset_bytes: meta.members[index].data_offset * SECTOR_BYTES,
+            })
+        })
+        .collect();
+    let mut store = MdStore::new(meta.clone(), vec![true; meta.members.len()]);
+    let mut intent = None;
+    if let Some(bitmap) = bitmap {
+        let chunks = bitmap.chunks();
+        // A bitmap older than the superblocks may have missed writes: trust none of it.
+        let stale = bitmap.events < meta.events || bitmap.state & BITMAP_STALE != 0;
+        let dirty: Vec<u64> = if stale && !meta.is_clean() {
+            tracing::warn!("the write-intent bitmap is stale: resyncing the whole array");
+            (0..chunks).collect()
+        } else {
+            (0..chunks).filter(|&c| bitmap.is_set(c)).collect()
+        };
+        if !meta.is_clean() {
+            tracing::info!("unclean stop: {} of {chunks} bitmap chunks to resync", dirty.len());
+        }
+        intent = Some((bitmap.chunk_sectors(), chunks, dirty));
+        store = store.with_bitmap(bitmap);
+    }
+    let mut array = Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean())?.with_spares(spares);
+    if let Some((chunk_sectors, chunks, dirty)) = intent {
+        array = array.with_write_intent(chunk_sectors, chunks, &dirty);
+    }
+    if !meta.is_clean() && meta.resync_offset != 0 {
+        array.resume_resync_from(meta.resync_offset);
+    }
+    Ok(array)
+}
