@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
-use member_io::{DirectMode, FaultControl, Faulty, OpenOptions, ThrottleConfig, Throttled};
+use member_io::{DirectMode, FaultControl, Faulty, OpenOptions, Throttle, ThrottleConfig, Throttled};
 use raid_core::Member;
 use raid_core::engine::Array;
 use raid_core::md::{self, Assembly, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock};
@@ -62,7 +62,8 @@ pub fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Me
         .with_context(|| format!("cannot open member {path}"))?;
     let throttle = options.throttle();
     if throttle.is_active() {
-        let throttled = Throttled::new(member, &throttle).with_context(|| format!("cannot throttle member {path}"))?;
+        let throttle = Throttle::new(&throttle).with_context(|| format!("cannot throttle member {path}"))?;
+        let throttled = Throttled::new(member, throttle);
         member = Arc::new(throttled);
     }
     if let Some(registry) = &options.faults {

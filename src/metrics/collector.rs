@@ -20,7 +20,9 @@ use raid_core::engine::{MaintenanceStatus, MaintenanceWork, RoleStatus, SlotStat
 
 use super::ExportMetrics;
 use super::device::Command;
-use super::member::{MemberOp, MemberStats};
+use raid_core::decorator::OpKind;
+
+use super::member::MemberStats;
 use super::op_stats::OpStats;
 
 const SLOT_STATES: [SlotState; 4] = [SlotState::InSync, SlotState::Recovering, SlotState::Faulty, SlotState::Missing];
@@ -165,7 +167,7 @@ fn export_ops<'a>(
 
 fn member_ops(members: &[MemberSample]) -> impl Iterator<Item = ([(&'static str, &str); 4], &OpStats)> {
     members.iter().flat_map(|m| {
-        MemberOp::ALL.into_iter().map(move |op| {
+        OpKind::ALL.into_iter().map(move |op| {
             (
                 [
                     ("export", m.export.as_str()),
@@ -183,7 +185,7 @@ fn member_labels(m: &MemberSample) -> [(&'static str, &str); 3] {
     [("export", m.export.as_str()), ("member", m.member.as_str()), ("role", m.role.as_str())]
 }
 
-fn member_bytes(m: &MemberSample, ops: &[MemberOp]) -> u64 {
+fn member_bytes(m: &MemberSample, ops: &[OpKind]) -> u64 {
     ops.iter().map(|&op| m.stats.op(op).bytes()).sum()
 }
 
@@ -291,14 +293,14 @@ impl Collector for ScrapeCollector {
             "member_read_bytes",
             "Bytes read from the member.",
             MetricType::Counter,
-            members.iter().map(|m| (member_labels(m), counter(member_bytes(m, &[MemberOp::Read])))),
+            members.iter().map(|m| (member_labels(m), counter(member_bytes(m, &[OpKind::Read])))),
         )?;
         family(
             enc,
             "member_written_bytes",
             "Bytes written to the member.",
             MetricType::Counter,
-            members.iter().map(|m| (member_labels(m), counter(member_bytes(m, &[MemberOp::Write])))),
+            members.iter().map(|m| (member_labels(m), counter(member_bytes(m, &[OpKind::Write])))),
         )?;
         family(
             enc,
@@ -307,7 +309,7 @@ impl Collector for ScrapeCollector {
             MetricType::Counter,
             members
                 .iter()
-                .map(|m| (member_labels(m), counter(member_bytes(m, &[MemberOp::Discard, MemberOp::WriteZeroes])))),
+                .map(|m| (member_labels(m), counter(member_bytes(m, &[OpKind::Discard, OpKind::WriteZeroes])))),
         )?;
 
         // Arrays: state sampled now.

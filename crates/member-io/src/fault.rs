@@ -1,5 +1,6 @@
 //! `Faulty<M>`: fault injection for tests of degraded mode and rebuild, switchable at run
-//! time through an `Arc<FaultControl>` the test keeps.
+//! time through an `Arc<FaultControl>` the test keeps. A [`FaultGate`] is a member
+//! decoration (raid-core's `decorator`): it decides, per operation, to delay and/or fail it.
 //!
 //! ```text
 //!  test ── Arc<FaultControl> ── fail_after / fail_range / fail_randomly / set_delay / disarm
@@ -20,8 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use raid_core::member::{BufResult, IoFuture};
-use raid_core::{AlignedBuf, Member};
+use raid_core::decorator::{Decorated, Decoration, Gate, MemberOp, OpKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -146,83 +146,45 @@ impl FaultControl {
         }
         (r.delay, fail)
     }
-
-    async fn gate(&self, class: OpClass, range: Option<Range<u64>>) -> io::Result<()> {
-        let (delay, fail) = self.decide(class, range);
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        if fail { Err(io::Error::from_raw_os_error(libc::EIO)) } else { Ok(()) }
-    }
 }
 
-/// A member whose operations can be made to fail or slow down at run time.
-pub struct Faulty<M> {
-    inner: M,
+/// The decoration that applies a [`FaultControl`]'s rules to one member.
+pub struct FaultGate {
     control: Arc<FaultControl>,
 }
 
-impl<M: Member> Faulty<M> {
-    /// Wraps `inner`, governed by `control` (which may be shared by several members).
-    pub fn new(inner: M, control: Arc<FaultControl>) -> Self {
-        Self { inner, control }
-    }
-
+impl FaultGate {
     pub fn control(&self) -> &Arc<FaultControl> {
         &self.control
     }
+}
 
-    pub fn inner(&self) -> &M {
-        &self.inner
+impl From<Arc<FaultControl>> for FaultGate {
+    fn from(control: Arc<FaultControl>) -> Self {
+        Self { control }
     }
 }
 
-fn io_range(offset_bytes: u64, len_bytes: u64) -> Option<Range<u64>> {
-    Some(offset_bytes..offset_bytes.saturating_add(len_bytes))
-}
+/// A member whose operations can be made to fail or slow down at run time:
+/// `Faulty::new(inner, control)`.
+pub type Faulty<M> = Decorated<M, FaultGate>;
 
-impl<M: Member> Member for Faulty<M> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn len_bytes(&self) -> u64 {
-        self.inner.len_bytes()
-    }
-    fn alignment(&self) -> usize {
-        self.inner.alignment()
-    }
-    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
-        Box::pin(async move {
-            if let Err(e) = self.control.gate(OpClass::Read, io_range(offset_bytes, buf.len() as u64)).await {
-                return (Err(e), buf);
-            }
-            self.inner.read_at(offset_bytes, buf).await
-        })
-    }
-    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        Box::pin(async move {
-            if let Err(e) = self.control.gate(OpClass::Write, io_range(offset_bytes, buf.len() as u64)).await {
-                return (Err(e), buf);
-            }
-            self.inner.write_at(offset_bytes, buf, fua).await
-        })
-    }
-    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(async move {
-            self.control.gate(OpClass::Write, None).await?;
-            self.inner.flush().await
-        })
-    }
-    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(async move {
-            self.control.gate(OpClass::Write, io_range(offset_bytes, len_bytes)).await?;
-            self.inner.discard(offset_bytes, len_bytes).await
-        })
-    }
-    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(async move {
-            self.control.gate(OpClass::Write, io_range(offset_bytes, len_bytes)).await?;
-            self.inner.write_zeroes(offset_bytes, len_bytes).await
-        })
+impl Decoration for FaultGate {
+    fn gate(&self, op: MemberOp) -> Gate<'_> {
+        let (class, range) = match op.kind {
+            OpKind::Read => (OpClass::Read, Some(op.offset_bytes..op.offset_bytes.saturating_add(op.len_bytes))),
+            OpKind::Flush => (OpClass::Write, None),
+            _ => (OpClass::Write, Some(op.offset_bytes..op.offset_bytes.saturating_add(op.len_bytes))),
+        };
+        let (delay, fail) = self.control.decide(class, range);
+        let eio = || io::Error::from_raw_os_error(libc::EIO);
+        match (delay.is_zero(), fail) {
+            (true, false) => Gate::Pass,
+            (true, true) => Gate::Fail(eio()),
+            (false, _) => Gate::Wait(Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                if fail { Err(eio()) } else { Ok(()) }
+            })),
+        }
     }
 }

@@ -10,9 +10,11 @@
 //!          all = FileMember<engine>: range/alignment checks, short-I/O loops, FUA,
 //!                 discard/write_zeroes fallback chains, O_DIRECT (statx DIOALIGN) or buffered
 //!
-//!  Throttled<M: Member>  bandwidth / IOPS / latency token buckets (cloud-volume emulation)
-//!  Faulty<M: Member>     EIO after N ops, in ranges or at random (seeded); delays;
-//!                        switched at run time through Arc<FaultControl>
+//!  Throttled<M> = Decorated<M, Throttle>   bandwidth / IOPS / latency token buckets
+//!                                           (cloud-volume emulation)
+//!  Faulty<M> = Decorated<M, FaultGate>     EIO after N ops, in ranges or at random (seeded);
+//!                                           delays; switched at run time (Arc<FaultControl>)
+//!  (raid-core's decorator forwards every Member method; these only decide what to wait or fail)
 //! ```
 //!
 //! Buffers are owned (`AlignedBuf`) and travel with each request, so dropping a member
@@ -38,10 +40,10 @@ mod uring;
 
 pub use error::{MemberIoError, Result};
 pub use factory::{engine_for, open_member, resolve_engine};
-pub use fault::{FaultControl, FaultOps, Faulty};
+pub use fault::{FaultControl, FaultGate, FaultOps, Faulty};
 pub use file_member::{InlineMember, ThreadPoolMember, UringMember};
 pub use member_file::create_sparse_file;
 pub use options::{DirectMode, EngineKind, IO_ENGINE_ENV, IoEngine, OpenOptions};
 pub use probe::{UringUnavailable, uring_probe};
-pub use throttle::{DEFAULT_BURST, IOPS_UNIT_BYTES, ThrottleConfig, Throttled, io_cost};
+pub use throttle::{DEFAULT_BURST, IOPS_UNIT_BYTES, Throttle, ThrottleConfig, Throttled, io_cost};
 pub use uring::driver::{UringConfig, UringDriver};

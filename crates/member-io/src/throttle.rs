@@ -1,5 +1,6 @@
 //! `Throttled<M>`: makes any member behave like a small cloud volume — bandwidth (bytes/s),
-//! IOPS and added latency, each a token bucket with a burst allowance.
+//! IOPS and added latency, each a token bucket with a burst allowance. A [`Throttle`] is a
+//! member decoration (raid-core's `decorator`): it only decides how long each operation waits.
 //!
 //! Costs (AWS gp2/gp3-style accounting):
 //! - `read_at` / `write_at` of `len` bytes cost `len` bandwidth tokens and
@@ -16,12 +17,10 @@
 //! the bucket is full (it runs the bucket into debt) — no request can wait forever.
 //! Tokens reserved by a request that is cancelled while waiting are not refunded.
 
-use std::io;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use raid_core::member::{BufResult, IoFuture};
-use raid_core::{AlignedBuf, Member};
+use raid_core::decorator::{Decorated, Decoration, Gate, MemberOp, OpKind};
 use tokio::time::Instant;
 
 use crate::error::{MemberIoError, Result};
@@ -80,34 +79,32 @@ impl Bucket {
     }
 }
 
-/// A member wrapped in bandwidth/IOPS/latency limits.
-pub struct Throttled<M> {
-    inner: M,
+/// Bandwidth/IOPS/latency limits for one member.
+pub struct Throttle {
     bandwidth: Option<Mutex<Bucket>>,
     iops: Option<Mutex<Bucket>>,
     latency: Duration,
 }
 
-impl<M: Member> Throttled<M> {
-    /// Wraps `inner`; rejects zero rates (they would block forever).
-    pub fn new(inner: M, config: &ThrottleConfig) -> Result<Self> {
+/// A member wrapped in bandwidth/IOPS/latency limits.
+pub type Throttled<M> = Decorated<M, Throttle>;
+
+impl Throttle {
+    /// Rejects zero rates (they would block forever).
+    pub fn new(config: &ThrottleConfig) -> Result<Self> {
         if config.bytes_per_sec == Some(0) || config.iops == Some(0) {
             return Err(MemberIoError::InvalidOption("throttle rates must be positive (omit to disable)".into()));
         }
         Ok(Self {
-            inner,
             bandwidth: config.bytes_per_sec.map(|r| Mutex::new(Bucket::new(r, config.burst))),
             iops: config.iops.map(|r| Mutex::new(Bucket::new(r, config.burst))),
             latency: config.latency,
         })
     }
 
-    pub fn inner(&self) -> &M {
-        &self.inner
-    }
-
-    /// Waits until `bytes` of bandwidth and `ios` IOPS tokens are available, plus the latency.
-    async fn admit(&self, bytes: u64, ios: u64) {
+    /// Reserves `bytes` of bandwidth and `ios` IOPS tokens; returns when the request may
+    /// start (the latency included).
+    fn reserve(&self, bytes: u64, ios: u64) -> Instant {
         let now = Instant::now();
         let mut start = now;
         if let Some(bucket) = &self.bandwidth
@@ -120,10 +117,7 @@ impl<M: Member> Throttled<M> {
         {
             start = start.max(bucket.lock().expect("throttle lock").reserve(now, ios as f64));
         }
-        let start = start + self.latency;
-        if start > now {
-            tokio::time::sleep_until(start).await;
-        }
+        start + self.latency
     }
 }
 
@@ -132,47 +126,21 @@ pub fn io_cost(len_bytes: u64) -> u64 {
     len_bytes.div_ceil(IOPS_UNIT_BYTES).max(1)
 }
 
-impl<M: Member> Member for Throttled<M> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn len_bytes(&self) -> u64 {
-        self.inner.len_bytes()
-    }
-    fn alignment(&self) -> usize {
-        self.inner.alignment()
-    }
-    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
-        Box::pin(async move {
-            let len = buf.len() as u64;
-            self.admit(len, io_cost(len)).await;
-            self.inner.read_at(offset_bytes, buf).await
-        })
-    }
-    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        Box::pin(async move {
-            let len = buf.len() as u64;
-            self.admit(len, io_cost(len)).await;
-            self.inner.write_at(offset_bytes, buf, fua).await
-        })
-    }
-    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(async move {
-            self.admit(0, 0).await;
-            self.inner.flush().await
-        })
-    }
-    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(async move {
-            self.admit(0, 1).await;
-            self.inner.discard(offset_bytes, len_bytes).await
-        })
-    }
-    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(async move {
-            self.admit(0, 1).await;
-            self.inner.write_zeroes(offset_bytes, len_bytes).await
-        })
+impl Decoration for Throttle {
+    fn gate(&self, op: MemberOp) -> Gate<'_> {
+        let (bytes, ios) = match op.kind {
+            OpKind::Read | OpKind::Write => (op.len_bytes, io_cost(op.len_bytes)),
+            OpKind::Flush => (0, 0),
+            OpKind::Discard | OpKind::WriteZeroes => (0, 1),
+        };
+        let start = self.reserve(bytes, ios);
+        if start <= Instant::now() {
+            return Gate::Pass;
+        }
+        Gate::Wait(Box::pin(async move {
+            tokio::time::sleep_until(start).await;
+            Ok(())
+        }))
     }
 }
 
@@ -210,8 +178,7 @@ mod tests {
 
     #[test]
     fn zero_rate_rejected() {
-        let m = raid_core::MemoryMember::new("m", 4096);
-        let cfg = ThrottleConfig { bytes_per_sec: Some(0), ..Default::default() };
-        assert!(Throttled::new(m, &cfg).is_err());
+        assert!(Throttle::new(&ThrottleConfig { bytes_per_sec: Some(0), ..Default::default() }).is_err());
+        assert!(Throttle::new(&ThrottleConfig { iops: Some(0), ..Default::default() }).is_err());
     }
 }

@@ -3,13 +3,13 @@
 use std::sync::Arc;
 
 use member_io::{
-    DirectMode, EngineKind, FaultControl, Faulty, InlineMember, IoEngine, OpenOptions, ThreadPoolMember,
+    DirectMode, EngineKind, FaultControl, Faulty, InlineMember, IoEngine, OpenOptions, ThreadPoolMember, Throttle,
     ThrottleConfig, Throttled, UringConfig, UringDriver, UringMember, open_member,
 };
 use raid_core::{Member, MemoryMember};
 
-use crate::conformance::{InFlight, MIN_MEMBER_BYTES, run_all};
 use crate::util::{EXT4_SUPER_MAGIC, LoopDevice, RamfsMount, fs_magic, require_uring, scratch_dir, sparse_file};
+use raid_core::conformance::{InFlight, MIN_MEMBER_BYTES, run_all};
 
 fn assert_ext4(dir: &std::path::Path) {
     assert_eq!(
@@ -200,8 +200,10 @@ async fn in_memory_files_offer_in_place_reads_and_writes() {
     let inline = Arc::new(InlineMember::open(&path, DirectMode::Off, false).unwrap());
     let faulty = Faulty::new(Arc::clone(&inline), FaultControl::new());
     assert!(faulty.memory_file(0, 4096).is_none() && faulty.memory_file_for_write(0, 4096).is_none());
-    let throttled = Throttled::new(Arc::clone(&inline), &ThrottleConfig { iops: Some(1000), ..Default::default() });
-    let throttled = throttled.unwrap();
+    let throttled = Throttled::new(
+        Arc::clone(&inline),
+        Throttle::new(&ThrottleConfig { iops: Some(1000), ..Default::default() }).unwrap(),
+    );
     assert!(throttled.memory_file(0, 4096).is_none() && throttled.memory_file_for_write(0, 4096).is_none());
     let dir = scratch_dir();
     assert_ext4(dir.path());
@@ -222,7 +224,7 @@ async fn throttle_wrapper_unlimited_over_uring() {
         Arc::new(UringMember::open(sparse_file(dir.path(), "m", MIN_MEMBER_BYTES), DirectMode::On, false).unwrap());
     // Generous limits: the wrapper is in the path but never the bottleneck of the suite.
     let cfg = ThrottleConfig { bytes_per_sec: Some(10 << 30), iops: Some(10_000_000), ..Default::default() };
-    let m = Arc::new(Throttled::new(Arc::clone(&inner), &cfg).unwrap());
+    let m = Arc::new(Throttled::new(Arc::clone(&inner), Throttle::new(&cfg).unwrap()));
     run_all(m, InFlight::counter(move || inner.in_flight_ops())).await;
 }
 
@@ -243,7 +245,7 @@ async fn fault_wrapper_disarmed_over_threads() {
 async fn wrappers_stacked_over_memory() {
     let control = FaultControl::new();
     let faulty = Faulty::new(MemoryMember::new("memory", MIN_MEMBER_BYTES), control);
-    let m = Arc::new(Throttled::new(faulty, &ThrottleConfig::default()).unwrap());
+    let m = Arc::new(Throttled::new(faulty, Throttle::new(&ThrottleConfig::default()).unwrap()));
     run_all(m, InFlight::Synchronous).await;
 }
 
@@ -288,7 +290,7 @@ async fn factory_engines_round_trip() {
         for direct in [DirectMode::Auto, DirectMode::On, DirectMode::Off] {
             let path = sparse_file(dir.path(), &format!("m{i}{direct:?}"), 1 << 20);
             let m = open_member(&path, &OpenOptions { engine, direct, read_only: false }).unwrap();
-            crate::conformance::round_trip_aligned_small(&*m).await;
+            raid_core::conformance::round_trip_aligned_small(&*m).await;
         }
     }
 }
@@ -314,7 +316,7 @@ fn private_rings_exit_when_dropped() {
         assert_eq!(driver.ring_threads(), 3);
         assert_eq!(threads_named("member-io-uring"), 3);
         let m = UringMember::open_on(sparse_file(dir.path(), "m", 1 << 20), DirectMode::On, false, driver).unwrap();
-        rt.block_on(crate::conformance::round_trip_aligned_small(&m));
+        rt.block_on(raid_core::conformance::round_trip_aligned_small(&m));
         drop(m);
         let t0 = std::time::Instant::now();
         while threads_named("member-io-uring") > 0 {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use member_io::{DirectMode, ThreadPoolMember, UringMember, create_sparse_file};
 use raid_core::Member;
 
-use crate::conformance::{read, write};
 use crate::util::{TmpfsMount, pattern, require_uring, scratch_dir, sparse_file};
+use raid_core::conformance::{read, write};
 
 /// Every file backend configuration, opened on `path`.
 fn backends(path: &Path, read_only: bool) -> Vec<(&'static str, Arc<dyn Member>)> {

@@ -15,8 +15,8 @@ use member_io::{
 };
 use raid_core::Member;
 
-use crate::conformance::{read, write};
 use crate::util::{CHILD_ENV, pattern, run_child, scratch_dir, sparse_file};
+use raid_core::conformance::{read, write};
 
 fn init_logging_to_stderr() {
     let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false).try_init();

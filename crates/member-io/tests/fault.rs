@@ -5,8 +5,8 @@ use std::time::Duration;
 use member_io::{FaultControl, FaultOps, Faulty};
 use raid_core::{Member, MemoryMember};
 
-use crate::conformance::{read, write};
 use crate::util::pattern;
+use raid_core::conformance::{read, write};
 
 fn member() -> (Faulty<MemoryMember>, std::sync::Arc<FaultControl>) {
     let control = FaultControl::new();

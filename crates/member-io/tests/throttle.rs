@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use member_io::{DirectMode, ThrottleConfig, Throttled, UringMember};
+use member_io::{DirectMode, Throttle, ThrottleConfig, Throttled, UringMember};
 use raid_core::{AlignedBuf, Member, MemoryMember};
 
 use crate::util::{require_uring, scratch_dir, sparse_file};
@@ -62,7 +62,7 @@ async fn bandwidth_20mb_per_s_on_uring_member() {
     let dir = scratch_dir();
     let inner = UringMember::open(sparse_file(dir.path(), "m", 64 << 20), DirectMode::On, false).unwrap();
     let cfg = ThrottleConfig { bytes_per_sec: Some(20_000_000), ..Default::default() };
-    let m = Arc::new(Throttled::new(inner, &cfg).unwrap());
+    let m = Arc::new(Throttled::new(inner, Throttle::new(&cfg).unwrap()));
     let (bytes_per_s, _) = measure(m, 4, 64 << 10).await;
     assert_within_5_percent("bandwidth", bytes_per_s, 20e6);
 }
@@ -70,7 +70,7 @@ async fn bandwidth_20mb_per_s_on_uring_member() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iops_200_counts_256k_units() {
     let cfg = ThrottleConfig { iops: Some(200), ..Default::default() };
-    let m = Arc::new(Throttled::new(MemoryMember::new("m", 16 << 20), &cfg).unwrap());
+    let m = Arc::new(Throttled::new(MemoryMember::new("m", 16 << 20), Throttle::new(&cfg).unwrap()));
     let (_, ops_per_s) = measure(m, 8, 4096).await;
     assert_within_5_percent("4 KiB IOPS", ops_per_s, 200.0);
 }
@@ -80,7 +80,7 @@ async fn iops_and_bandwidth_combined_like_a_cloud_volume() {
     // 1 MiB reads cost 4 IOPS tokens each: 400 IOPS allow 100 reads/s, but 20 MB/s allow
     // only ~19 reads/s, so bandwidth is the binding limit.
     let cfg = ThrottleConfig { bytes_per_sec: Some(20_000_000), iops: Some(400), ..Default::default() };
-    let m = Arc::new(Throttled::new(MemoryMember::new("m", 16 << 20), &cfg).unwrap());
+    let m = Arc::new(Throttled::new(MemoryMember::new("m", 16 << 20), Throttle::new(&cfg).unwrap()));
     let (bytes_per_s, _) = measure(Arc::clone(&m) as Arc<dyn Member>, 4, 1 << 20).await;
     assert_within_5_percent("bandwidth-bound 1 MiB reads", bytes_per_s, 20e6);
 }
@@ -88,7 +88,7 @@ async fn iops_and_bandwidth_combined_like_a_cloud_volume() {
 #[tokio::test(start_paused = true)]
 async fn added_latency_delays_each_op() {
     let cfg = ThrottleConfig { latency: Duration::from_millis(20), ..Default::default() };
-    let m = Throttled::new(MemoryMember::new("m", 1 << 20), &cfg).unwrap();
+    let m = Throttled::new(MemoryMember::new("m", 1 << 20), Throttle::new(&cfg).unwrap());
     let t0 = tokio::time::Instant::now();
     let (res, _) = m.read_at(0, AlignedBuf::zeroed(4096)).await;
     res.unwrap();
@@ -107,7 +107,7 @@ async fn burst_passes_then_paces() {
     // 100 IOPS with a 100 ms burst: 10 tokens banked (+1 that runs the bucket into debt)
     // pass at once, the rest at 10 ms intervals.
     let cfg = ThrottleConfig { iops: Some(100), burst: Duration::from_millis(100), ..Default::default() };
-    let m = Throttled::new(MemoryMember::new("m", 1 << 20), &cfg).unwrap();
+    let m = Throttled::new(MemoryMember::new("m", 1 << 20), Throttle::new(&cfg).unwrap());
     tokio::time::sleep(Duration::from_secs(1)).await; // idle: bucket full
     let t0 = tokio::time::Instant::now();
     for _ in 0..11 {

@@ -42,17 +42,7 @@ pub fn require_uring() {
 }
 
 /// Deterministic bytes for `(seed, len)`.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use raid_core::conformance::pattern;
 
 /// A tmpfs of `size` mounted on a fresh directory; unmounted (lazily) on drop.
 pub struct TmpfsMount {

@@ -12,6 +12,9 @@
 //!  volume     the Volume trait an array and the layers stacked on it (write cache) serve
 //!  write_cache  the write-back cache, a Volume over an Array
 //!  member     the async member I/O trait backends implement; MemoryMember
+//!  conformance  (feature `testing`) the suite every Member implementation must pass
+//!  decorator  Decorated<M, D>: one forwarding of every Member method for wrappers
+//!             (throttle, fault injection, metrics) that only add hooks
 //!  buf        AlignedBuf, the owned page-aligned buffer every member I/O carries
 //! ```
 //!
@@ -19,6 +22,9 @@
 //! binary drives [`engine::Array`]; nothing here knows about NBD.
 
 pub mod buf;
+#[cfg(feature = "testing")]
+pub mod conformance;
+pub mod decorator;
 pub mod engine;
 pub mod error;
 pub mod geometry;

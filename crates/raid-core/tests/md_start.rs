@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::executor::block_on;
 use raid_core::engine::Step;
 use raid_core::geometry::Level;
-use raid_core::md::{self, Candidate, CreateParams, MdUuid, StartOptions, SUPERBLOCK_BYTE_OFFSET};
+use raid_core::md::{self, Candidate, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions};
 use raid_core::{AlignedBuf, Member, MemoryMember};
 
 const MEMBER_BYTES: u64 = 8 << 20;

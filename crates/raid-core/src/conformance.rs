@@ -1,14 +1,62 @@
-//! The backend conformance suite: functions over any `Arc<dyn Member>`, invoked for every
-//! backend and wrapper in `backends.rs`. Members must be at least [`MIN_MEMBER_BYTES`] and
-//! start out zeroed (fresh sparse files, MemoryMember).
+//! The member conformance suite (feature `testing`): functions over any `Arc<dyn Member>`
+//! that every backend and wrapper must pass — member-io runs it for its engines and
+//! decorators, and a member in any other crate (an NBD client member, say) can run it too.
+//! Members must be at least [`MIN_MEMBER_BYTES`] and start out zeroed.
+//!
+//! It needs no particular runtime: concurrency is `join_all` within the calling task, and
+//! cancellation drops futures after a few polls (yielding in between) while their I/O is in
+//! flight. Call it from a multi-threaded runtime when the member's completions need one.
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use raid_core::{AlignedBuf, Member};
+use futures::future::join_all;
 
-use crate::util::pattern;
+use crate::{AlignedBuf, Member};
+
+/// Deterministic bytes for `(seed, len)` (xorshift).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Returns `Pending` once (waking itself), so other futures and the runtime get a turn.
+async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx: &mut Context<'_>| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Polls `fut` `polls` times (yielding in between), then drops it unfinished if it is.
+async fn poll_then_drop<F: Future>(fut: F, polls: u64) {
+    let mut fut: Pin<Box<F>> = Box::pin(fut);
+    for _ in 0..polls {
+        let done = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await;
+        if done {
+            return;
+        }
+        yield_now().await;
+    }
+}
 
 pub const MIN_MEMBER_BYTES: u64 = 8 << 20;
 
@@ -205,22 +253,14 @@ pub async fn past_end_is_error(m: &dyn Member) {
 /// 64 concurrent 4 KiB writes to distinct blocks, then 64 concurrent reads (batching path).
 pub async fn concurrent_io(m: &Arc<dyn Member>) {
     let base = 4u64 << 20;
-    let mut tasks = Vec::new();
-    for i in 0..64u64 {
-        let m = Arc::clone(m);
-        tasks.push(tokio::spawn(async move { write(&*m, base + i * 4096, &pattern(1000 + i, 4096), false).await }));
+    let data: Vec<Vec<u8>> = (0..64u64).map(|i| pattern(1000 + i, 4096)).collect();
+    let writes = join_all(data.iter().enumerate().map(|(i, d)| write(&**m, base + i as u64 * 4096, d, false))).await;
+    for (i, w) in writes.into_iter().enumerate() {
+        w.unwrap_or_else(|e| panic!("{}: concurrent write {i}: {e}", m.name()));
     }
-    for t in tasks {
-        t.await.unwrap().unwrap();
-    }
-    let mut tasks = Vec::new();
-    for i in 0..64u64 {
-        let m = Arc::clone(m);
-        tasks.push(tokio::spawn(async move { (i, read(&*m, base + i * 4096, 4096).await) }));
-    }
-    for t in tasks {
-        let (i, data) = t.await.unwrap();
-        assert!(data.unwrap() == pattern(1000 + i, 4096), "{}: concurrent block {i}", m.name());
+    let reads = join_all((0..64u64).map(|i| read(&**m, base + i * 4096, 4096))).await;
+    for (i, r) in reads.into_iter().enumerate() {
+        assert!(r.unwrap() == data[i], "{}: concurrent block {i}", m.name());
     }
 }
 
@@ -302,28 +342,14 @@ pub async fn cancellation_safety(m: &Arc<dyn Member>, in_flight: &InFlight) {
                 }
             }
         };
-        match how {
-            0 => {
-                let _ = tokio::time::timeout(Duration::from_micros(next() % 300), fut).await;
-            }
-            1 => {
-                let task = tokio::spawn(fut);
-                for _ in 0..next() % 3 {
-                    tokio::task::yield_now().await;
-                }
-                task.abort();
-                let _ = task.await;
-            }
-            _ => {
-                let mut fut = Box::pin(fut);
-                std::future::poll_fn(|cx| {
-                    let _ = fut.as_mut().poll(cx);
-                    std::task::Poll::Ready(())
-                })
-                .await;
-                drop(fut);
-            }
-        }
+        // Dropped after 0-5 polls: at once, mid-submission, or while the kernel or a worker
+        // holds the buffer.
+        let polls = match how {
+            0 => 0,
+            1 => 1 + next() % 2,
+            _ => 3 + next() % 3,
+        };
+        poll_then_drop(fut, polls).await;
         if in_flight.get() > 0 {
             dropped_mid_flight += 1;
         }
@@ -345,7 +371,9 @@ pub async fn cancellation_safety(m: &Arc<dyn Member>, in_flight: &InFlight) {
     let waited = std::time::Instant::now();
     while in_flight.get() > 0 {
         assert!(waited.elapsed() < Duration::from_secs(60), "{}: cancelled I/O never completed", m.name());
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // Completions arrive on the backend's own threads; a short blocking nap is enough.
+        std::thread::sleep(Duration::from_millis(2));
+        yield_now().await;
     }
     let region = read(&**m, 0, SLOTS as usize * SLOT_BYTES)
         .await
