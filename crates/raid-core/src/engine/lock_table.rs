@@ -72,6 +72,11 @@ impl LockTable {
     }
 
     /// Number of keys currently locked or awaited (for tests and metrics).
+    /// Whether someone holds `key` (for invariant checks: the caller should be the holder).
+    pub fn is_locked(&self, key: u64) -> bool {
+        self.shard(key).lock().expect("lock table shard").entries.contains_key(&key)
+    }
+
     pub fn active_keys(&self) -> usize {
         self.shards.iter().map(|s| s.lock().expect("lock table shard").entries.len()).sum()
     }

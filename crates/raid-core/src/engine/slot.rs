@@ -150,11 +150,18 @@ impl<M: Member + ?Sized> Slot<M> {
         matches!(SlotState::from_u8(prev), SlotState::InSync | SlotState::Recovering)
     }
 
+    /// Records rebuild progress of a recovering slot: it only grows (a restart from an
+    /// earlier point goes through `install`).
     pub fn set_recovery_offset(&self, sectors: u64) {
-        self.recovery_offset_sectors.store(sectors, Ordering::Release);
+        let before = self.recovery_offset_sectors.swap(sectors, Ordering::AcqRel);
+        debug_assert_eq!(self.state(), SlotState::Recovering, "recovery progress on a slot that is not recovering");
+        debug_assert!(sectors >= before, "recovery offset went back from {before} to {sectors}");
     }
 
+    /// The slot's device holds every sector: after a rebuild, or when installed whole. A
+    /// faulty device never becomes in sync (it is replaced by a rebuilt one).
     pub fn set_in_sync(&self) {
+        debug_assert_ne!(self.state(), SlotState::Faulty, "a faulty slot became in sync without a rebuild");
         self.bitmap_recovery.store(false, Ordering::Release);
         self.recovery_offset_sectors.store(u64::MAX, Ordering::Release);
         self.state.store(SlotState::InSync as u8, Ordering::Release);

@@ -54,7 +54,26 @@ pub(super) fn block_kinds(layout: &StripeLayout, parity_disks: usize) -> Vec<Blo
 
 /// Rebuilt block buffers, each with the (request offset, offset in buffer, length) of the
 /// pieces a read wanted from it.
-type RebuiltPieces = Vec<(AlignedBuf, Vec<(usize, usize, usize)>)>;
+/// A data piece of one stripe that must be rebuilt for a degraded read.
+struct WantedPiece {
+    /// Index of the data block in the stripe.
+    data_index: usize,
+    /// First row (sector within the chunk) of the piece.
+    row: u32,
+    sectors: u64,
+    /// Where the piece goes in the request.
+    req_offset_bytes: usize,
+}
+
+/// Where a rebuilt piece lies in its block buffer and in the request.
+struct PiecePlacement {
+    req_offset_bytes: usize,
+    buf_offset_bytes: usize,
+    len_bytes: usize,
+}
+
+/// Rebuilt block buffers of one stripe with the pieces of the request they hold.
+type RebuiltPieces = Vec<(AlignedBuf, Vec<PiecePlacement>)>;
 
 /// One segment of one stripe being written.
 struct Job {
@@ -107,20 +126,25 @@ impl<M: Member + ?Sized> Array<M> {
         if degraded.is_empty() {
             return Ok(out.finish());
         }
-        // Group what must be rebuilt by stripe: (data index, row, sectors, request offset).
+        // Group what must be rebuilt by stripe.
         let pg = self.parity_geometry();
-        let mut by_stripe: std::collections::BTreeMap<u64, Vec<(usize, u32, u64, usize)>> = Default::default();
+        let mut by_stripe: std::collections::BTreeMap<u64, Vec<WantedPiece>> = Default::default();
         for p in degraded {
-            let (stripe, k, row) = pg.locate(start_sector + p.req_offset_bytes as u64 / SECTOR_BYTES);
-            by_stripe.entry(stripe).or_default().push((k, row, p.sectors, p.req_offset_bytes));
+            let (stripe, data_index, row) = pg.locate(start_sector + p.req_offset_bytes as u64 / SECTOR_BYTES);
+            by_stripe.entry(stripe).or_default().push(WantedPiece {
+                data_index,
+                row,
+                sectors: p.sectors,
+                req_offset_bytes: p.req_offset_bytes,
+            });
         }
         let rebuilt =
             join_all(by_stripe.into_iter().map(|(stripe, wanted)| self.read_degraded_stripe(stripe, wanted))).await;
         for result in rebuilt {
             for (buf, pieces) in result? {
                 let b = out.add_buf(buf);
-                for (req_offset, at, len) in pieces {
-                    out.piece(req_offset, b, at, len);
+                for p in pieces {
+                    out.piece(p.req_offset_bytes, b, p.buf_offset_bytes, p.len_bytes);
                 }
             }
         }
@@ -128,21 +152,25 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Rebuilds the wanted data pieces of one stripe from its readable blocks.
-    /// Returns block buffers with the (request offset, offset in buffer, length) of each piece.
-    async fn read_degraded_stripe(&self, stripe: u64, wanted: Vec<(usize, u32, u64, usize)>) -> Result<RebuiltPieces> {
+    /// Returns block buffers with the placement of each piece.
+    async fn read_degraded_stripe(&self, stripe: u64, wanted: Vec<WantedPiece>) -> Result<RebuiltPieces> {
         let _guard = self.locks.lock(stripe).await;
-        let lo = wanted.iter().map(|w| w.1).min().expect("at least one piece");
-        let hi = wanted.iter().map(|w| w.1 + w.2 as u32).max().expect("at least one piece");
+        let lo = wanted.iter().map(|w| w.row).min().expect("at least one piece");
+        let hi = wanted.iter().map(|w| w.row + w.sectors as u32).max().expect("at least one piece");
         let mut blocks = self.load_stripe_rows(stripe, (lo, hi)).await?;
         let mut out: RebuiltPieces = Vec::new();
         let mut index_of_block = vec![usize::MAX; blocks.len()];
-        for (k, row, sectors, req_offset) in wanted {
+        for w in wanted {
+            let k = w.data_index;
             if index_of_block[k] == usize::MAX {
                 index_of_block[k] = out.len();
                 out.push((blocks[k].take().expect("block loaded"), Vec::new()));
             }
-            let at = ((row - lo) as u64 * SECTOR_BYTES) as usize;
-            out[index_of_block[k]].1.push((req_offset, at, (sectors * SECTOR_BYTES) as usize));
+            out[index_of_block[k]].1.push(PiecePlacement {
+                req_offset_bytes: w.req_offset_bytes,
+                buf_offset_bytes: ((w.row - lo) as u64 * SECTOR_BYTES) as usize,
+                len_bytes: (w.sectors * SECTOR_BYTES) as usize,
+            });
         }
         Ok(out)
     }
@@ -219,6 +247,10 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     async fn write_stripes_locked(&self, writes: &[StripeWrite], src: WriteSource<'_>, fua: bool) -> Result<()> {
+        debug_assert!(
+            writes.iter().all(|w| self.locks.is_locked(w.stripe)),
+            "data and parity of a stripe are written only under its lock"
+        );
         let pg = self.parity_geometry();
         let layouts: Vec<StripeLayout> = writes.iter().map(|w| pg.stripe(w.stripe)).collect();
         let (Some(first), Some(last)) = (writes.first(), writes.last()) else { return Ok(()) };
