@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use raid_core::engine::ScrubCounts;
 use serde_json::json;
 
-use crate::cli::{CheckArgs, IoEngine, MemberIoArgs};
+use crate::cli::{CheckArgs, MemberIoArgs};
 use crate::open::{MemberOpenOptions, open_array};
 use crate::size::human_bytes;
 
@@ -19,12 +19,8 @@ const UNITS_PER_STEP: u64 = 16;
 
 /// Returns whether mismatches were found.
 pub async fn run(args: CheckArgs) -> Result<bool> {
-    let options = MemberOpenOptions {
-        io: MemberIoArgs { io: IoEngine::Auto, member_bw: None, member_iops: None, buffered: false },
-        read_only: !args.repair,
-        faults: None,
-        metrics: None,
-    };
+    let options =
+        MemberOpenOptions { io: MemberIoArgs::default(), read_only: !args.repair, faults: None, metrics: None };
     let opened = open_array(&args.members, &options, false, true).await?;
     let array = opened.array;
     let units = array.scrub_units();

@@ -227,18 +227,8 @@ pub struct ServeArgs {
     /// Size of the write-back cache (with --cache writeback) [default: 256M].
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
-    /// I/O engine for the members [default: auto].
-    #[arg(long, value_enum)]
-    pub io: Option<IoEngine>,
-    /// Throttle each member to this bandwidth, bytes/s (e.g. 20M), like a cloud volume.
-    #[arg(long, value_parser = parse_size, value_name = "RATE")]
-    pub member_bw: Option<u64>,
-    /// Throttle each member to this many I/O operations per second (e.g. 200).
-    #[arg(long, value_name = "N")]
-    pub member_iops: Option<u64>,
-    /// Open members with buffered I/O instead of O_DIRECT.
-    #[arg(long)]
-    pub buffered: bool,
+    #[command(flatten)]
+    pub io: MemberIoArgs,
     /// TOML file describing one or more exports (see deploy/raidnbd.toml).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
 use serde::Deserialize;
 
 use crate::cli::{CacheMode, IoEngine, ListenAddr};
@@ -111,12 +112,13 @@ impl ConfigFile {
     }
 
     pub fn cache(&self) -> Result<Option<CacheMode>> {
-        Ok(match self.cache.as_deref() {
-            None => None,
-            Some("writethrough") => Some(CacheMode::Writethrough),
-            Some("writeback") => Some(CacheMode::Writeback),
-            Some(other) => bail!("cache = {other:?}: use writethrough or writeback"),
-        })
+        self.cache
+            .as_deref()
+            .map(|v| {
+                CacheMode::from_str(v, false)
+                    .map_err(|_| anyhow::anyhow!("cache = {v:?}: use writethrough or writeback"))
+            })
+            .transpose()
     }
 
     pub fn cache_size_bytes(&self) -> Result<Option<u64>> {
@@ -126,14 +128,13 @@ impl ConfigFile {
 
 impl MemberKeys {
     pub fn io_engine(&self) -> Result<Option<IoEngine>> {
-        Ok(match self.io.as_deref() {
-            None => None,
-            Some("auto") => Some(IoEngine::Auto),
-            Some("uring") => Some(IoEngine::Uring),
-            Some("threads") => Some(IoEngine::Threads),
-            Some("inline") => Some(IoEngine::Inline),
-            Some(other) => bail!("io = {other:?}: use auto, uring, threads or inline"),
-        })
+        self.io
+            .as_deref()
+            .map(|v| {
+                IoEngine::from_str(v, false)
+                    .map_err(|_| anyhow::anyhow!("io = {v:?}: use auto, uring, threads or inline"))
+            })
+            .transpose()
     }
 
     pub fn member_bw_bytes(&self) -> Result<Option<u64>> {

@@ -197,7 +197,7 @@ fn choose_bitmap(
 }
 
 fn default_io() -> MemberIoArgs {
-    MemberIoArgs { io: crate::cli::IoEngine::Auto, member_bw: None, member_iops: None, buffered: false }
+    MemberIoArgs::default()
 }
 
 /// Creates a sparse member file of `size` when it does not exist.

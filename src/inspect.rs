@@ -17,7 +17,7 @@ use crate::timefmt::{ctime, rfc3339};
 
 fn read_only_options() -> MemberOpenOptions {
     MemberOpenOptions {
-        io: MemberIoArgs { io: crate::cli::IoEngine::Threads, member_bw: None, member_iops: None, buffered: true },
+        io: MemberIoArgs { io: Some(crate::cli::IoEngine::Threads), buffered: true, ..MemberIoArgs::default() },
         read_only: true,
         faults: None,
         metrics: None,

@@ -37,7 +37,7 @@ pub struct MemberOpenOptions {
 impl MemberOpenOptions {
     fn backend_options(&self) -> OpenOptions {
         OpenOptions {
-            engine: match self.io.io {
+            engine: match self.io.io.unwrap_or_default() {
                 IoEngine::Auto => member_io::IoEngine::Auto,
                 IoEngine::Uring => member_io::IoEngine::Uring,
                 IoEngine::Threads => member_io::IoEngine::Threads,

@@ -79,10 +79,10 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
     let member_options = |keys: &config::MemberKeys| -> Result<MemberOpenOptions> {
         Ok(MemberOpenOptions {
             io: MemberIoArgs {
-                io: args.io.or(keys.io_engine()?).unwrap_or_default(),
-                member_bw: args.member_bw.or(keys.member_bw_bytes()?),
-                member_iops: args.member_iops.or(keys.member_iops),
-                buffered: args.buffered || keys.buffered.unwrap_or(false),
+                io: args.io.io.or(keys.io_engine()?),
+                member_bw: args.io.member_bw.or(keys.member_bw_bytes()?),
+                member_iops: args.io.member_iops.or(keys.member_iops),
+                buffered: args.io.buffered || keys.buffered.unwrap_or(false),
             },
             read_only: args.read_only || keys.read_only.unwrap_or(false),
             faults: faults.clone(),

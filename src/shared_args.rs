@@ -32,9 +32,9 @@ pub enum IoEngine {
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct MemberIoArgs {
-    /// I/O engine for the members.
-    #[arg(long, value_enum, default_value_t = IoEngine::Auto)]
-    pub io: IoEngine,
+    /// I/O engine for the members [default: auto].
+    #[arg(long, value_enum)]
+    pub io: Option<IoEngine>,
     /// Throttle each member to this bandwidth, bytes/s (e.g. 20M), like a cloud volume.
     #[arg(long, value_parser = parse_size, value_name = "RATE")]
     pub member_bw: Option<u64>,

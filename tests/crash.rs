@@ -10,8 +10,6 @@ use serde_json::Value;
 
 use crate::util::*;
 
-const PYTHON: &str = "/usr/bin/python3";
-
 fn script() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/crash_writer.py")
 }

@@ -11,8 +11,6 @@ use serde_json::Value;
 
 use crate::util::*;
 
-const PYTHON: &str = "/usr/bin/python3";
-
 fn workload(dir: &Path, uri: &str, args: &[&str]) {
     assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 is required: apt-get install python3-libnbd");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/workload.py");

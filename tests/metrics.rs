@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use crate::util::*;
 
-const PYTHON: &str = "/usr/bin/python3";
 const CHUNK: u64 = 64 << 10;
 /// Data in one stripe of a 4-member RAID5.
 const STRIPE: u64 = 3 * CHUNK;

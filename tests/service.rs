@@ -13,14 +13,6 @@ use serde_json::Value;
 
 use crate::util::*;
 
-const PYTHON: &str = "/usr/bin/python3";
-
-fn require_libnbd_python() {
-    assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 is required: apt-get install python3-libnbd");
-    let ok = Command::new(PYTHON).args(["-c", "import nbd"]).status().is_ok_and(|s| s.success());
-    assert!(ok, "python3 module nbd is required: apt-get install python3-libnbd");
-}
-
 /// Writes `len` bytes of pattern `seed` at `offset` without FLUSH, closes without FLUSH.
 const WRITE_NO_FLUSH: &str = r#"
 import sys, nbd
@@ -84,6 +76,24 @@ fn examine_state(d: &Path, member: &str) -> String {
     let v: Value = serde_json::from_str(&text).expect("examine json");
     let v = if v.is_array() { v[0].clone() } else { v };
     v["state"].as_str().unwrap_or_else(|| panic!("no state in {v:#}")).to_string()
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// `raidnbd serve` of the RAID1 `m0 m1` in `d` on 127.0.0.1:`port`, stderr to `log`, with the
+/// environment variable `env` set (systemd's notify or journal variable).
+fn spawn_serve(d: &Path, port: u16, log: &Path, env: (&str, &std::ffi::OsStr)) -> std::process::Child {
+    Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--control"])
+        .arg(d.join("c.sock"))
+        .args(["m0", "m1"])
+        .current_dir(d)
+        .env(env.0, env.1)
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("raidnbd serve")
 }
 
 fn signal(child: &std::process::Child, sig: i32) {
@@ -219,10 +229,7 @@ fn listens_on_a_unix_socket_and_tcp_at_once() {
     let sock = d.join("nbd.sock");
     let listen_unix = format!("unix:{}", sock.display());
     let served = Served::run(d, |tcp| {
-        ["serve", "--listen", &listen_unix, "--listen", tcp, "--export", "data", "m0", "m1"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        strings(&["serve", "--listen", &listen_unix, "--listen", tcp, "--export", "data", "m0", "m1"])
     });
     let size_tcp = run_ok(Command::new("nbdinfo").args(["--size", &served.uri("data")]));
     let unix_uri = format!("nbd+unix:///data?socket={}", sock.display());
@@ -288,16 +295,7 @@ fn notifies_systemd_when_ready_and_when_stopping() {
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let port = free_port();
-    let log = std::fs::File::create(d.join("serve.log")).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--control"])
-        .arg(d.join("c.sock"))
-        .args(["m0", "m1"])
-        .current_dir(d)
-        .env("NOTIFY_SOCKET", &notify_path)
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_serve(d, port, &d.join("serve.log"), ("NOTIFY_SOCKET", notify_path.as_os_str()));
     let mut messages = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -368,9 +366,7 @@ fn scan_assembles_the_members_that_carry_the_uuid() {
     let text = assert_ok(&raidnbd(d, &["detail", "--json", "b0.img", "b1.img"]));
     let uuid = serde_json::from_str::<Value>(&text).unwrap()["uuid"].as_str().expect("uuid").to_string();
     let pattern = format!("{}/*.img", d.display());
-    let served = Served::run(d, |listen| {
-        ["serve", "--listen", listen, "--uuid", &uuid, "--scan", &pattern].iter().map(|s| s.to_string()).collect()
-    });
+    let served = Served::run(d, |listen| strings(&["serve", "--listen", listen, "--uuid", &uuid, "--scan", &pattern]));
     let size: u64 = run_ok(Command::new("nbdinfo").args(["--size", &served.uri("")])).trim().parse().unwrap();
     let log = served.stop();
     assert!(size > 40 << 20, "the 48M array was assembled, not the 32M one: {size}");
@@ -484,22 +480,15 @@ fn no_timestamps_when_stderr_is_the_journal() {
     create(d, "1", "32M", &["m0", "m1"]);
     let run = |journal_stream: &str| {
         let log_path = d.join(format!("journal-{}.log", journal_stream.replace(':', "-")));
-        let log = std::fs::File::create(&log_path).unwrap();
+        // The log file exists before the server starts, so its device and inode are known.
+        std::fs::File::create(&log_path).unwrap();
         let meta = std::fs::metadata(&log_path).unwrap();
         let value = if journal_stream == "self" {
             format!("{}:{}", meta.dev(), meta.ino())
         } else {
             journal_stream.to_string()
         };
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port()), "--control"])
-            .arg(d.join("c.sock"))
-            .args(["m0", "m1"])
-            .current_dir(d)
-            .env("JOURNAL_STREAM", value)
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let mut child = spawn_serve(d, free_port(), &log_path, ("JOURNAL_STREAM", value.as_ref()));
         wait_until("the listening line", Duration::from_secs(20), || {
             std::fs::read_to_string(&log_path).unwrap().contains("control socket")
         });
@@ -534,9 +523,7 @@ fn command_line_flags_override_the_config_file() {
     )
     .unwrap();
     drop(f);
-    let served = Served::run(d, |listen| {
-        ["serve", "--config", config.to_str().unwrap(), "--listen", listen].iter().map(|s| s.to_string()).collect()
-    });
+    let served = Served::run(d, |listen| strings(&["serve", "--config", config.to_str().unwrap(), "--listen", listen]));
     assert!(std::net::TcpStream::connect(("127.0.0.1", file_port)).is_err(), "the file's listen is overridden");
     let out = Command::new("nbdinfo").args(["--is", "read-only", &served.uri("data")]).output().unwrap();
     assert!(out.status.success(), "read_only from the file applies");

@@ -54,6 +54,17 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
+/// Debian's python, which has python3-libnbd (`python3` on PATH may be another).
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// Fails naming the package unless Debian's python can import libnbd.
+#[track_caller]
+pub fn require_libnbd_python() {
+    assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 is required: apt-get install python3-libnbd");
+    let ok = Command::new(PYTHON).args(["-c", "import nbd"]).status().is_ok_and(|s| s.success());
+    assert!(ok, "python3 module nbd is required: apt-get install python3-libnbd");
+}
+
 /// Fails with the Debian package to install when `tool` is missing.
 #[track_caller]
 pub fn require_tool(tool: &str, package: &str) {

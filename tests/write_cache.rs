@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use raid_core::conformance::pattern;
+
 use crate::util::*;
 
-const PYTHON: &str = "/usr/bin/python3";
 const SECTOR: usize = 512;
 const BLOCK: usize = 4096;
 /// The test writes inside the first 32 MiB of the export.
@@ -42,24 +43,6 @@ elif mode == "dump":
         for o in range(start, start + length, 4 << 20):
             f.write(h.pread(min(4 << 20, start + length - o), o))
 "#;
-
-fn require_libnbd_python() {
-    assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 is required: apt-get install python3-libnbd");
-    let ok = Command::new(PYTHON).args(["-c", "import nbd"]).status().is_ok_and(|s| s.success());
-    assert!(ok, "python3 module nbd is required: apt-get install python3-libnbd");
-}
-
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A list of writes and the file holding their bytes back to back.
 struct Phase {
@@ -108,19 +91,19 @@ fn flushed_writes_survive_sigkill_and_later_writes_never_damage_them() {
     // sequential 4 KiB writes (3 data members x 64 KiB chunk = 192 KiB per stripe).
     let mut before = Phase { writes: Vec::new() };
     for i in 0..384usize {
-        before.writes.push(((i * 7919 % 2048) * BLOCK, bytes(i as u64 + 1, BLOCK)));
+        before.writes.push(((i * 7919 % 2048) * BLOCK, pattern(i as u64 + 1, BLOCK)));
     }
-    before.writes.push((8 << 20, bytes(1000, 1 << 20)));
+    before.writes.push((8 << 20, pattern(1000, 1 << 20)));
     for i in 0..96usize {
-        before.writes.push(((16 << 20) + i * BLOCK, bytes(2000 + i as u64, BLOCK)));
+        before.writes.push(((16 << 20) + i * BLOCK, pattern(2000 + i as u64, BLOCK)));
     }
     // After it: some of the same blocks again, new blocks, part of the 1 MiB range.
     let mut after = Phase { writes: Vec::new() };
     for i in 0..128usize {
         let block = if i % 2 == 0 { i * 7919 % 2048 } else { 4096 + i * 13 };
-        after.writes.push((block * BLOCK, bytes(5000 + i as u64, BLOCK)));
+        after.writes.push((block * BLOCK, pattern(5000 + i as u64, BLOCK)));
     }
-    after.writes.push(((8 << 20) + (512 << 10), bytes(6000, 256 << 10)));
+    after.writes.push(((8 << 20) + (512 << 10), pattern(6000, 256 << 10)));
     let plan = json!({ "before": before.save(&d.join("before.bin")), "after": after.save(&d.join("after.bin")) });
     std::fs::write(d.join("plan.json"), plan.to_string()).unwrap();
 
@@ -216,7 +199,7 @@ fn orderly_stop_writes_the_cache_back_before_marking_the_array_clean() {
     let members = create_raid5(d);
     let served = Served::start(d, "r5", &["--cache", "writeback"], &members);
     assert!(served.log_text().contains("cache writeback (256 MiB;"), "default size: {}", served.log_text());
-    let data = bytes(77, 3 << 20);
+    let data = pattern(77, 3 << 20);
     std::fs::write(d.join("data.bin"), &data).unwrap();
     // The client never sends FLUSH: only the stop can write the cache back.
     let script = "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\n\

@@ -149,7 +149,7 @@ fn value_name<T: ValueEnum>(v: &T) -> String {
 
 /// The member I/O flags of `serve`, as given to the bench.
 pub fn member_io_flags(io: &MemberIoArgs) -> Vec<String> {
-    let mut flags = vec!["--io".to_string(), value_name(&io.io)];
+    let mut flags = vec!["--io".to_string(), value_name(&io.io.unwrap_or_default())];
     if let Some(bw) = io.member_bw {
         flags.extend(["--member-bw".into(), bw.to_string()]);
     }
@@ -282,8 +282,12 @@ mod tests {
 
     #[test]
     fn passes_member_io_flags_through() {
-        let io =
-            MemberIoArgs { io: IoEngine::Auto, member_bw: Some(20 << 20), member_iops: Some(200), buffered: false };
+        let io = MemberIoArgs {
+            io: Some(IoEngine::Auto),
+            member_bw: Some(20 << 20),
+            member_iops: Some(200),
+            buffered: false,
+        };
         assert_eq!(member_io_flags(&io), ["--io", "auto", "--member-bw", "20971520", "--member-iops", "200"]);
     }
 }

@@ -198,18 +198,7 @@ impl<T> Future for YieldOnce<'_, T> {
     }
 }
 
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    // xorshift: cheap, deterministic, never all-zero.
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use raid_core::conformance::pattern;
 
 pub struct Rig {
     pub config: Config,
