@@ -23,10 +23,12 @@
 //! - [`device`]: the `BlockDevice` contract; [`memory_device`], [`file_device`]: two
 //!   implementations.
 //! - [`protocol`]: the wire format as pure functions (fuzzed): constants, handshake codec,
-//!   request decoding/validation, reply encoding.
-//! - `handshake`: option haggling up to transmission; `transmission`: the pipelined
-//!   request/reply engine of one connection (a reader that answers ready requests itself,
-//!   tasks for the rest, batched vectored writes); `send_file`: [`ReplySink`], the write
+//!   request decoding/validation, reply encoding, and the client's side (`client_codec`).
+//! - `handshake`: option haggling up to transmission; `transmission/`: the pipelined
+//!   request/reply engine of one connection, one concept per file (`connection`: framing;
+//!   `admission`: slots and byte permits; `receive`: payloads, in place or whole;
+//!   `dispatch`: the device call and its reply; `reply_writer`: batched vectored writes;
+//!   `mod`: the reader loop that answers ready requests itself and spawns the rest); `send_file`: [`ReplySink`], the write
 //!   half that sends file ranges with `sendfile`; [`RequestSource`], the read half that
 //!   waits for whole WRITE payloads; `listener`: [`Server`], accept loop,
 //!   limits and shutdown.

@@ -1,0 +1,127 @@
+//! The framing of one connection: what the socket's read half carries, request by request —
+//! the header (decoded and validated), then for a WRITE its payload: from the buffer,
+//! received whole into a payload buffer, or received straight into the device's mapped file
+//! pages (`receive.rs`); a refused WRITE's payload is skipped to stay in sync. Replies go out
+//! through the shared write half (`reply_writer.rs`). TLS slots in below this, as another
+//! stream type (`NbdStream`).
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::debug;
+
+use super::admission::Gate;
+use super::receive::{read_payload, receive_in_place, write_targets};
+use super::reply_writer::LocalReplies;
+use crate::device::DeviceError;
+use crate::error::Result;
+use crate::protocol::request::{
+    ExportLimits, REQUEST_HEADER_LEN, Rejection, Request, RequestHeader, decode_request_header, payload_len,
+    validate_request,
+};
+use crate::read_buffer::{discard, fill};
+use crate::request_source::RequestSource;
+use crate::send_file::ReplySink;
+
+/// One connection's framing: the socket's read half and its buffer (request headers,
+/// payloads received whole or into the device's pages, payloads of refused requests
+/// skipped), and through `gate` the shared write half that replies go out on.
+pub(super) struct Connection<'a, R, W> {
+    pub(super) reader: R,
+    pub(super) buf: BytesMut,
+    pub(super) gate: Gate<'a, W>,
+}
+
+/// A WRITE's payload.
+pub(super) enum Payload {
+    Data(Bytes),
+    /// Received into the device's [`WriteTarget`]s; the write completes with `write_received`.
+    Received,
+    /// Consumed, but it could not be put into the device's targets.
+    Failed(DeviceError),
+}
+
+/// A request read off the wire, validated (or refused), holding its permits.
+pub(super) struct Incoming {
+    pub(super) header: RequestHeader,
+    /// The validated request and its WRITE payload, or why it was refused.
+    pub(super) outcome: Result<(Request, Option<Payload>), Rejection>,
+    pub(super) slot: OwnedSemaphorePermit,
+    pub(super) bytes: Option<OwnedSemaphorePermit>,
+}
+
+impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
+    /// Reads the next request. `Ok(None)` on a clean close between requests, shutdown or abort.
+    /// Before any wait (socket data, permits), replies collected in `local` are written.
+    pub(super) async fn next_request(
+        &mut self,
+        limits: &ExportLimits,
+        local: &mut LocalReplies,
+    ) -> Result<Option<Incoming>> {
+        let gate = &self.gate;
+        let Some(slot) = gate.permits(gate.slots, 1, local).await? else { return Ok(None) };
+        if self.buf.len() < REQUEST_HEADER_LEN {
+            local.flush(gate.shared).await?;
+            let Some(filled) = gate.interruptible(fill(&mut self.reader, &mut self.buf, REQUEST_HEADER_LEN)).await
+            else {
+                return Ok(None);
+            };
+            if !filled? {
+                debug!("client closed the connection");
+                return Ok(None);
+            }
+        }
+        let header = decode_request_header(&self.buf)?.expect("header is buffered");
+        self.buf.advance(REQUEST_HEADER_LEN);
+        let payload = payload_len(&header)? as usize;
+        let (outcome, bytes) = match validate_request(&header, limits) {
+            Ok(request @ (Request::Write { len, .. } | Request::Read { len, .. })) => {
+                // Room for the data before reading the payload or issuing the read.
+                let bytes = if len > 0 {
+                    let Some(permit) = gate.permits(&gate.t.in_flight_bytes, len, local).await? else {
+                        return Ok(None);
+                    };
+                    Some(permit)
+                } else {
+                    None
+                };
+                let data = if payload == 0 {
+                    None
+                } else if self.buf.len() >= payload {
+                    Some(Payload::Data(self.buf.split_to(payload).freeze()))
+                } else {
+                    local.flush(gate.shared).await?;
+                    let targets = match request {
+                        Request::Write { offset, len, .. } if self.reader.receives_in_place() => {
+                            write_targets(gate.t, offset, len).await
+                        }
+                        _ => None,
+                    };
+                    let received = match targets {
+                        Some(targets) => {
+                            let receive = receive_in_place(&mut self.reader, &mut self.buf, &targets, payload);
+                            let received = gate.interruptible(receive).await;
+                            received.map(|r| r.map(|put| put.map_or_else(Payload::Failed, |()| Payload::Received)))
+                        }
+                        None => {
+                            let read = read_payload(&mut self.reader, &mut self.buf, payload);
+                            gate.interruptible(read).await.map(|r| r.map(Payload::Data))
+                        }
+                    };
+                    let Some(received) = received else { return Ok(None) };
+                    Some(received?)
+                };
+                (Ok((request, data)), bytes)
+            }
+            Ok(request) => (Ok((request, None)), None),
+            Err(rejection) => {
+                // The payload of a refused WRITE is consumed (not buffered) to stay in sync.
+                if self.buf.len() < payload {
+                    local.flush(gate.shared).await?;
+                }
+                discard(&mut self.reader, &mut self.buf, payload as u64).await?;
+                (Err(rejection), None)
+            }
+        };
+        Ok(Some(Incoming { header, outcome, slot, bytes }))
+    }
+}

@@ -1,0 +1,141 @@
+//! Dispatch: one validated request against the device, in device-sized pieces, and the reply
+//! it gets (data, status, or the device error mapped once, `protocol::read_reply`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tracing::debug;
+
+use super::connection::Payload;
+use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, ReadChunk};
+use crate::protocol::read_reply::{ReadFraming, push_device_error, read_reply};
+use crate::protocol::reply::{Reply, encode_extents};
+use crate::protocol::request::{Rejection, Request, RequestHeader};
+
+/// The reply to a request refused before reaching the device.
+pub(super) fn rejection_reply(header: &RequestHeader, structured: bool, rejection: Rejection) -> Reply {
+    let mut reply = Reply::with_capacity(1);
+    reply.push_error(header.cookie, structured, rejection.errno, rejection.message, None);
+    reply
+}
+
+/// What a spawned request needs.
+pub(super) struct RequestCtx {
+    pub(super) device: Arc<dyn BlockDevice>,
+    pub(super) cookie: u64,
+    pub(super) structured: bool,
+    /// Largest READ/WRITE handed to the device at once.
+    pub(super) piece_bytes: u32,
+}
+
+impl RequestCtx {
+    pub(super) async fn execute(self, request: Request, payload: Option<Payload>) -> Reply {
+        match request {
+            Request::Read { offset, len, df } => {
+                let result = self.read(offset, len).await;
+                if let Err(e) = &result {
+                    debug!(error = %e, kind = ?e.kind, "device read failed");
+                }
+                let framing = match (self.structured, df) {
+                    (false, _) => ReadFraming::Simple,
+                    (true, false) => ReadFraming::Structured,
+                    (true, true) => ReadFraming::Unfragmented,
+                };
+                read_reply(self.cookie, offset, len, framing, result)
+            }
+            Request::Write { offset, len, fua } => {
+                let result = match payload {
+                    Some(Payload::Received) => self.device.write_received(offset, len, fua).await,
+                    Some(Payload::Failed(e)) => Err(e),
+                    Some(Payload::Data(data)) => {
+                        debug_assert_eq!(data.len(), len as usize);
+                        self.write(offset, data, fua).await
+                    }
+                    None => self.write(offset, Bytes::new(), fua).await,
+                };
+                self.status_reply(result, offset, len, false)
+            }
+            Request::Flush => {
+                let result = self.device.flush().await;
+                self.status_reply(result, 0, 0, false)
+            }
+            Request::Trim { offset, len, fua } => {
+                let result = if len == 0 { Ok(()) } else { self.device.trim(offset, u64::from(len), fua).await };
+                self.status_reply(result, offset, len, false)
+            }
+            Request::Cache { offset, len } => {
+                let result = if len == 0 { Ok(()) } else { self.device.cache(offset, u64::from(len)).await };
+                self.status_reply(result, offset, len, false)
+            }
+            Request::WriteZeroes { offset, len, flags } => {
+                let result =
+                    if len == 0 { Ok(()) } else { self.device.write_zeroes(offset, u64::from(len), flags).await };
+                self.status_reply(result, offset, len, flags.fast_zero)
+            }
+            Request::BlockStatus { offset, len, req_one } => {
+                debug_assert!(self.structured && len > 0);
+                match self.device.block_status(offset, u64::from(len)).await {
+                    Ok(extents) => {
+                        let mut reply = Reply::with_capacity(1);
+                        reply.push_block_status(self.cookie, &encode_extents(&extents, len, req_one));
+                        reply
+                    }
+                    Err(e) => self.status_reply(Err(e), offset, len, false),
+                }
+            }
+            Request::Disc => unreachable!("DISC is handled by the reader"),
+        }
+    }
+
+    /// Reads `len` bytes, in device-sized pieces, checking the device returned exactly `len`.
+    async fn read(&self, offset: u64, len: u32) -> DeviceResult<Vec<ReadChunk>> {
+        let mut chunks = Vec::new();
+        let mut done = 0u32;
+        while done < len {
+            let piece = (len - done).min(self.piece_bytes);
+            let piece_offset = offset + u64::from(done);
+            let got = self.device.read(piece_offset, piece).await?;
+            let got_len: usize = got.iter().map(ReadChunk::len).sum();
+            if got_len != piece as usize {
+                return Err(DeviceError::new(
+                    DeviceErrorKind::Io,
+                    format!("device returned {got_len} bytes for a read of {piece}"),
+                )
+                .at(piece_offset));
+            }
+            // Usually one piece: keep the device's vector. (read_reply drops empty chunks.)
+            if chunks.is_empty() {
+                chunks = got;
+            } else {
+                chunks.extend(got);
+            }
+            done += piece;
+        }
+        Ok(chunks)
+    }
+
+    /// Writes `data` in device-sized pieces.
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceResult<()> {
+        let piece = self.piece_bytes as usize;
+        let mut done = 0usize;
+        while done < data.len() {
+            let end = (done + piece).min(data.len());
+            self.device.write(offset + done as u64, data.slice(done..end), fua).await?;
+            done = end;
+        }
+        Ok(())
+    }
+
+    /// The reply to a command without data: success, or the error mapped in one place.
+    fn status_reply(&self, result: DeviceResult<()>, offset: u64, len: u32, fast_zero: bool) -> Reply {
+        let mut reply = Reply::with_capacity(1);
+        match result {
+            Ok(()) => reply.push_simple(self.cookie, 0),
+            Err(e) => {
+                debug!(error = %e, kind = ?e.kind, "device request failed");
+                push_device_error(&mut reply, self.cookie, self.structured, &e, offset, len, fast_zero)
+            }
+        }
+        reply
+    }
+}

@@ -1,0 +1,194 @@
+//! The reply writer: replies ready for the socket (`Outgoing`, holding the permits they free
+//! once written), the reader's own batch (`LocalReplies`), and batched vectored writes under
+//! the one mutex of the write half (`write_loop`, `write_batch`: headers and small data
+//! copied together, large data as slices, file ranges with sendfile), so replies never
+//! interleave on the wire.
+
+use std::io::IoSlice;
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::device::FileRange;
+use crate::error::Result;
+use crate::protocol::reply::{Reply, Segment};
+use crate::send_file::{ReplySink, write_all_vectored};
+
+/// The reader writes its collected replies once they hold this many bytes...
+pub(super) const LOCAL_FLUSH_BYTES: usize = 256 * 1024;
+/// ... or this many replies.
+pub(super) const LOCAL_FLUSH_REPLIES: usize = 64;
+
+/// A reply ready for the socket, with the permits it releases once written.
+pub(super) struct Outgoing {
+    pub(super) reply: Reply,
+    pub(super) _slot: OwnedSemaphorePermit,
+    pub(super) _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// The socket's write half and the scratch buffer for headers, shared by both writers.
+pub(super) struct SocketWriter<W> {
+    pub(super) writer: W,
+    pub(super) scratch: Vec<u8>,
+}
+
+pub(super) type SharedWriter<W> = Arc<Mutex<SocketWriter<W>>>;
+
+/// Replies the reader produced itself and has not written yet.
+pub(super) struct LocalReplies {
+    pub(super) replies: Vec<Outgoing>,
+    pub(super) bytes: usize,
+}
+
+impl LocalReplies {
+    pub(super) fn push(&mut self, outgoing: Outgoing) {
+        self.bytes += outgoing.reply.wire_len();
+        self.replies.push(outgoing);
+    }
+
+    pub(super) fn is_full(&self) -> bool {
+        self.bytes >= LOCAL_FLUSH_BYTES || self.replies.len() >= LOCAL_FLUSH_REPLIES
+    }
+
+    /// Writes the collected replies (whole, under the writer lock) and releases their permits.
+    pub(super) async fn flush<W: ReplySink>(&mut self, shared: &SharedWriter<W>) -> Result<()> {
+        if self.replies.is_empty() {
+            return Ok(());
+        }
+        let mut guard = shared.lock().await;
+        let SocketWriter { writer, scratch } = &mut *guard;
+        write_batch(writer, &self.replies, scratch).await?;
+        self.replies.clear();
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+/// Runs transmission until the connection ends.
+/// Most replies written in one vectored write.
+const MAX_BATCH_REPLIES: usize = 128;
+/// Stop adding replies to a batch past this many bytes.
+const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Stay below IOV_MAX (1024) slices per write.
+const MAX_BATCH_SLICES: usize = 768;
+/// Data segments up to this size are copied next to the headers instead of getting a slice.
+const COPY_THRESHOLD_BYTES: usize = 512;
+/// Zero runs are written from this static page.
+static ZERO_PAGE: [u8; 256 * 1024] = [0; 256 * 1024];
+
+/// One piece of a batch: a range of the scratch buffer, a data buffer, zeroes or a file range.
+enum Piece<'a> {
+    Scratch(usize, usize),
+    Data(&'a [u8]),
+    Zeroes(usize),
+    File(&'a FileRange),
+}
+
+/// Writes replies of spawned requests as they complete, batching whatever is ready.
+pub(super) async fn write_loop<W: ReplySink>(
+    shared: SharedWriter<W>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    abort: CancellationToken,
+) -> Result<()> {
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(MAX_BATCH_REPLIES);
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = abort.cancelled() => return Ok(()),
+            first = rx.recv() => first,
+        };
+        let Some(first) = first else { break };
+        let mut batch_bytes = first.reply.wire_len();
+        let mut batch_segments = first.reply.segments.len();
+        batch.push(first);
+        while batch.len() < MAX_BATCH_REPLIES && batch_bytes < MAX_BATCH_BYTES && batch_segments < MAX_BATCH_SLICES / 2
+        {
+            match rx.try_recv() {
+                Ok(next) => {
+                    batch_bytes += next.reply.wire_len();
+                    batch_segments += next.reply.segments.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let written = tokio::select! {
+            biased;
+            _ = abort.cancelled() => return Ok(()),
+            written = async {
+                let mut guard = shared.lock().await;
+                let SocketWriter { writer, scratch } = &mut *guard;
+                write_batch(writer, &batch, scratch).await
+            } => written,
+        };
+        if let Err(e) = written {
+            abort.cancel();
+            return Err(e);
+        }
+        batch.clear();
+    }
+    let mut guard = shared.lock().await;
+    guard.writer.flush().await?;
+    let _ = guard.writer.shutdown().await;
+    Ok(())
+}
+
+/// Writes all replies of `batch` with as few syscalls as the socket allows.
+pub(super) async fn write_batch<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
+    scratch.clear();
+    let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(batch.len() * 2);
+    for outgoing in batch {
+        for segment in &outgoing.reply.segments {
+            let small: Option<&[u8]> = match segment {
+                Segment::Inline(inline) => Some(inline.as_slice()),
+                Segment::Data(data) if data.len() <= COPY_THRESHOLD_BYTES => Some(data),
+                _ => None,
+            };
+            if let Some(bytes) = small {
+                let start = scratch.len();
+                scratch.extend_from_slice(bytes);
+                match pieces.last_mut() {
+                    Some(Piece::Scratch(_, end)) if *end == start => *end = scratch.len(),
+                    _ => pieces.push(Piece::Scratch(start, scratch.len())),
+                }
+            } else {
+                match segment {
+                    Segment::Data(data) => pieces.push(Piece::Data(data)),
+                    Segment::Zeroes(n) => pieces.push(Piece::Zeroes(*n)),
+                    Segment::File(range) => pieces.push(Piece::File(range)),
+                    Segment::Inline(_) => unreachable!("inline segments are copied"),
+                }
+            }
+        }
+    }
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(pieces.len() + 4);
+    let mut sent_files = 0usize;
+    for piece in &pieces {
+        match *piece {
+            Piece::Scratch(start, end) => slices.push(IoSlice::new(&scratch[start..end])),
+            Piece::Data(data) => slices.push(IoSlice::new(data)),
+            Piece::Zeroes(mut n) => {
+                while n > 0 {
+                    let step = n.min(ZERO_PAGE.len());
+                    slices.push(IoSlice::new(&ZERO_PAGE[..step]));
+                    n -= step;
+                }
+            }
+            // What is queued goes out first, in the same call.
+            Piece::File(range) => {
+                sent_files += slices.iter().map(|s| s.len()).sum::<usize>() + range.len as usize;
+                writer.write_then_send_file(&mut slices, range).await?;
+                slices.clear();
+            }
+        }
+    }
+    debug_assert_eq!(
+        sent_files + slices.iter().map(|s| s.len()).sum::<usize>(),
+        batch.iter().map(|o| o.reply.wire_len()).sum::<usize>(),
+        "the batch's pieces cover its replies exactly"
+    );
+    write_all_vectored(writer, &mut slices).await?;
+    Ok(())
+}
