@@ -6,10 +6,14 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
+use futures::future::join_all;
+
 use super::Array;
+use super::read_data::ReadAssembler;
 use super::slot::Device;
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
+use crate::error::{RaidError, Result};
 use crate::member::Member;
 
 /// A piece of a request that lives contiguously on one member.
@@ -67,8 +71,34 @@ impl Drop for LoadGuard<'_> {
 
 impl<M: Member + ?Sized> Array<M> {
     /// Reads `sectors` at `member_sector` of `role` into a new buffer.
+    /// Reads pieces (coalesced per member) into `out`; returns the pieces whose member
+    /// failed, after marking it faulty. Without redundancy a failure is an error.
+    pub(super) async fn read_pieces(&self, pieces: Vec<Piece>, out: &mut ReadAssembler) -> Result<Vec<Piece>> {
+        let runs = coalesce(pieces);
+        let results = join_all(runs.iter().map(|r| self.read_member(r.role, r.member_sector, r.sectors))).await;
+        let mut failed = Vec::new();
+        for (run, res) in runs.into_iter().zip(results) {
+            match res {
+                Ok(buf) => {
+                    let b = out.add_buf(buf);
+                    for (p, at) in run.pieces {
+                        out.piece(p.req_offset_bytes, b, at, (p.sectors * SECTOR_BYTES) as usize);
+                    }
+                }
+                Err(e) => {
+                    self.member_failed(run.role, &e, "read").await;
+                    if !self.has_redundancy() {
+                        return Err(RaidError::io(format!("read of role {} failed", run.role), e));
+                    }
+                    failed.extend(run.pieces.into_iter().map(|(p, _)| p));
+                }
+            }
+        }
+        Ok(failed)
+    }
+
     pub(crate) async fn read_member(&self, role: usize, member_sector: u64, sectors: u64) -> io::Result<AlignedBuf> {
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         read_device(&device, member_sector, sectors, &slot.inflight_read_bytes).await
     }
@@ -83,7 +113,7 @@ impl<M: Member + ?Sized> Array<M> {
         fua: bool,
     ) -> io::Result<()> {
         debug_assert_eq!(buf.len() as u64 % SECTOR_BYTES, 0);
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         if let Some(replacement) = slot.replacement() {
             let copy = buf.clone();
@@ -109,7 +139,7 @@ impl<M: Member + ?Sized> Array<M> {
         fua: bool,
     ) -> io::Result<()> {
         debug_assert_eq!(data.len() as u64 % SECTOR_BYTES, 0);
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         if slot.replacement().is_some() {
             return self.write_member(role, member_sector, AlignedBuf::from_slice(data), fua).await;
         }
@@ -125,7 +155,7 @@ impl<M: Member + ?Sized> Array<M> {
         sectors: u64,
         deallocate: bool,
     ) -> io::Result<()> {
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         if let Some(replacement) = slot.replacement() {
             let (primary, second) = futures::join!(
@@ -142,7 +172,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Current read load of a role, for choosing between copies.
     pub(crate) fn read_load(&self, role: usize) -> u64 {
-        self.slots[role].inflight_read_bytes.load(Ordering::Relaxed)
+        self.members.slots[role].inflight_read_bytes.load(Ordering::Relaxed)
     }
 }
 

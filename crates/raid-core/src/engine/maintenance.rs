@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use super::io::{read_device, write_device};
 use super::scrub::ScrubCounts;
-use super::slot::{Device, Replacement, SlotState};
+use super::slot::{Replacement, SlotState};
 use super::{Array, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
@@ -168,11 +168,11 @@ impl<M: Member + ?Sized> Array<M> {
         let m = self.maintenance.lock();
         let (done, total) = match m.current {
             Some(MaintenanceWork::Recovery { role }) => (
-                self.slots[role].recovery_offset_sectors().min(self.geometry.member_sectors(role)),
+                self.members.slots[role].recovery_offset_sectors().min(self.geometry.member_sectors(role)),
                 self.geometry.member_sectors(role),
             ),
             Some(MaintenanceWork::Replace { role }) => (
-                self.slots[role].replacement().map_or(0, |r| r.done_sectors.load(Ordering::Acquire)),
+                self.members.slots[role].replacement().map_or(0, |r| r.done_sectors.load(Ordering::Acquire)),
                 self.geometry.member_sectors(role),
             ),
             Some(MaintenanceWork::Resync) => (m.resync_next_unit.unwrap_or(0), self.scrub_units()),
@@ -231,10 +231,12 @@ impl<M: Member + ?Sized> Array<M> {
         if let Some(step) = self.assign_spare().await? {
             return Ok(step);
         }
-        if let Some(role) = (0..self.slots.len()).find(|&r| self.slots[r].state() == SlotState::Recovering) {
+        if let Some(role) =
+            (0..self.members.slots.len()).find(|&r| self.members.slots[r].state() == SlotState::Recovering)
+        {
             return self.recovery_step(role, max_bytes).await;
         }
-        if let Some(role) = (0..self.slots.len()).find(|&r| self.slots[r].replacement().is_some()) {
+        if let Some(role) = (0..self.members.slots.len()).find(|&r| self.members.slots[r].replacement().is_some()) {
             return self.replace_step(role, max_bytes).await;
         }
         let (resync, scrub) = {
@@ -272,9 +274,9 @@ impl<M: Member + ?Sized> Array<M> {
         if !self.has_redundancy() {
             return Ok(None);
         }
-        let Some(spare) = self.spares.lock().expect("spares lock").pop() else { return Ok(None) };
+        let Some(spare) = self.members.spares.lock().expect("spares lock").pop() else { return Ok(None) };
         let _g = self.locks.lock(META_LOCK_KEY).await;
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         if let Some(old) = slot.take_device() {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
         }
@@ -307,7 +309,7 @@ impl<M: Member + ?Sized> Array<M> {
     async fn recovery_step(&self, role: usize, max_bytes: u64) -> Result<Step> {
         let work = MaintenanceWork::Recovery { role };
         self.maintenance.lock().current = Some(work);
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         let device = slot.device().expect("recovering role has a device");
         let total = self.geometry.member_sectors(role);
         let start = slot.recovery_offset_sectors();
@@ -336,7 +338,7 @@ impl<M: Member + ?Sized> Array<M> {
     async fn replace_step(&self, role: usize, max_bytes: u64) -> Result<Step> {
         let work = MaintenanceWork::Replace { role };
         self.maintenance.lock().current = Some(work);
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         let replacement = slot.replacement().expect("replacement present");
         let total = self.geometry.member_sectors(role);
         let start = replacement.done_sectors.load(Ordering::Acquire);
@@ -396,7 +398,7 @@ impl<M: Member + ?Sized> Array<M> {
         let bitmap_chunk = self
             .intent
             .as_ref()
-            .filter(|_| self.slots[role].bitmap_recovery.load(Ordering::Acquire))
+            .filter(|_| self.members.slots[role].bitmap_recovery.load(Ordering::Acquire))
             .map(|i| i.chunk_sectors);
         while member_sector < end {
             let mut run = (piece - member_sector % piece).min(end - member_sector);
@@ -443,13 +445,13 @@ impl<M: Member + ?Sized> Array<M> {
         let _guards = self.lock_mirror_range(array_sector, sectors).await;
         let mapped = self.geometry.map(array_sector);
         debug_assert!(mapped.copies.iter().any(|c| c.role == role && c.member_sector == member_sector));
-        for _attempt in 0..=self.slots.len() {
+        for _attempt in 0..=self.members.slots.len() {
             let source = mapped
                 .copies
                 .iter()
                 .filter(|c| {
                     (c.role != role || replacement.is_some())
-                        && self.slots[c.role].is_readable(c.member_sector, sectors)
+                        && self.members.slots[c.role].is_readable(c.member_sector, sectors)
                 })
                 .min_by_key(|c| self.read_load(c.role));
             let Some(source) = source else {
@@ -461,9 +463,14 @@ impl<M: Member + ?Sized> Array<M> {
                     ),
                 ));
             };
-            let Some(device) = self.slots[source.role].device() else { continue };
-            match read_device(&device, source.member_sector, sectors, &self.slots[source.role].inflight_read_bytes)
-                .await
+            let Some(device) = self.members.slots[source.role].device() else { continue };
+            match read_device(
+                &device,
+                source.member_sector,
+                sectors,
+                &self.members.slots[source.role].inflight_read_bytes,
+            )
+            .await
             {
                 Ok(buf) => return self.rebuild_write(role, replacement, member_sector, buf).await,
                 Err(e) => self.member_failed(source.role, &e, "rebuild read").await,
@@ -553,176 +560,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// During a bitmap-based re-add: whether resync sectors `range` were not written while
     /// the member was away (so it already holds them).
     fn clean_in_bitmap(&self, role: usize, range: std::ops::Range<u64>) -> bool {
-        self.slots[role].bitmap_recovery.load(Ordering::Acquire)
+        self.members.slots[role].bitmap_recovery.load(Ordering::Acquire)
             && self.intent.as_ref().is_some_and(|intent| !intent.any_set(range))
-    }
-
-    /// Brings a member that left `role` back (md's re-add). The caller checked it belongs to
-    /// this array and that the bitmap covers the time it was away (its events are at least
-    /// the bitmap's events_cleared): only chunks written meanwhile are copied.
-    pub async fn re_add(&self, role: usize, member: Arc<M>) -> Result<()> {
-        self.check_writable("re add")?;
-        let slot = self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
-        if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
-            return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
-        }
-        if self.intent.is_none() {
-            return Err(RaidError::new(ErrorKind::Refused, "the array has no write-intent bitmap: add it as a spare"));
-        }
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        // The failed device (often this very member) leaves the role first.
-        if let Some(old) = slot.take_device() {
-            self.persist_locked(StateChange::Remove { device: old.id }).await;
-        }
-        let device = self.new_device(member).await?;
-        self.spares.lock().expect("spares lock").push(device.clone());
-        let added = self
-            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
-            .await;
-        self.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
-        added?;
-        self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
-        slot.bitmap_recovery.store(true, Ordering::Release);
-        slot.install(device.clone(), Some(0));
-        tracing::info!(
-            role,
-            member = device.member.name(),
-            "member re-added: copying only chunks written while it was away"
-        );
-        drop(_g);
-        self.maintenance.wake();
-        Ok(())
-    }
-
-    /// The data offset new devices get: the same as the array's current devices.
-    fn data_offset_for_new_device(&self) -> u64 {
-        self.slots
-            .iter()
-            .filter_map(|s| s.device())
-            .chain(self.spares.lock().expect("spares lock").iter().cloned())
-            .map(|d| d.data_offset_bytes)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Checks `member` can hold any role and records it as a new device.
-    async fn new_device(&self, member: Arc<M>) -> Result<Device<M>> {
-        let data_offset_bytes = self.data_offset_for_new_device();
-        let needed = (0..self.slots.len()).map(|r| self.geometry.member_sectors(r)).max().unwrap_or(0) * SECTOR_BYTES;
-        if member.len_bytes() < data_offset_bytes + needed {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!(
-                    "{}: {} bytes is too small: members of this array need {} bytes",
-                    member.name(),
-                    member.len_bytes(),
-                    data_offset_bytes + needed
-                ),
-            ));
-        }
-        let name = member.name().to_string();
-        let already = self.slots.iter().any(|s| s.name().as_deref() == Some(&name))
-            || self.spare_status().iter().any(|(n, _)| *n == name);
-        if already {
-            return Err(RaidError::new(ErrorKind::Refused, format!("{name} is already part of the array")));
-        }
-        let id = self.next_device_id.fetch_add(1, Ordering::AcqRel);
-        Ok(Device { id, member, data_offset_bytes })
-    }
-
-    /// Adds a device as a spare; a degraded array starts rebuilding onto it.
-    pub async fn add_spare(&self, member: Arc<M>) -> Result<usize> {
-        self.check_writable("add spare")?;
-        let device = self.new_device(member).await?;
-        let id = device.id;
-        {
-            let _g = self.locks.lock(META_LOCK_KEY).await;
-            // The spare must be reachable for its own superblock write.
-            self.spares.lock().expect("spares lock").push(device.clone());
-            if let Err(e) = self
-                .try_persist_locked(StateChange::AddSpare { device: id, device_bytes: device.member.len_bytes() })
-                .await
-            {
-                self.spares.lock().expect("spares lock").retain(|d| d.id != id);
-                return Err(e);
-            }
-        }
-        tracing::info!(member = device.member.name(), "spare added");
-        self.maintenance.wake();
-        Ok(id)
-    }
-
-    /// Builds `member` as a replacement for `role` while the current device stays in service.
-    pub async fn replace(&self, role: usize, member: Arc<M>) -> Result<()> {
-        self.check_writable("replace")?;
-        let slot = self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
-        if slot.state() != SlotState::InSync || slot.replacement().is_some() {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!("role {role} is not in sync or is already being replaced"),
-            ));
-        }
-        if !self.has_redundancy() {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!("{} cannot replace members online", self.geometry.level()),
-            ));
-        }
-        let device = self.new_device(member).await?;
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        self.spares.lock().expect("spares lock").push(device.clone());
-        let added = self
-            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
-            .await;
-        self.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
-        added?;
-        slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));
-        if let Err(e) =
-            self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: true }).await
-        {
-            slot.set_replacement(None);
-            return Err(e);
-        }
-        tracing::info!(role, member = device.member.name(), "replacement started");
-        drop(_g);
-        self.maintenance.wake();
-        Ok(())
-    }
-
-    /// Removes a spare or a faulty member (by name), as `mdadm --remove`.
-    pub async fn remove_device(&self, name: &str) -> Result<()> {
-        self.check_writable("remove device")?;
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        let spare = {
-            let mut spares = self.spares.lock().expect("spares lock");
-            spares.iter().position(|d| d.member.name() == name).map(|i| spares.remove(i))
-        };
-        if let Some(spare) = spare {
-            self.persist_locked(StateChange::Remove { device: spare.id }).await;
-            return Ok(());
-        }
-        for slot in &self.slots {
-            if slot.name().as_deref() != Some(name) {
-                continue;
-            }
-            if slot.state() != SlotState::Faulty {
-                return Err(RaidError::new(ErrorKind::Refused, format!("{name} is active: fail it first")));
-            }
-            if let Some(old) = slot.take_device() {
-                self.persist_locked(StateChange::Remove { device: old.id }).await;
-            }
-            return Ok(());
-        }
-        Err(RaidError::new(ErrorKind::Refused, format!("{name} is not a member of the array")))
-    }
-
-    /// Marks the member called `name` faulty (admin "fail").
-    pub async fn fail_member(&self, name: &str) -> Result<()> {
-        let role = self
-            .slots
-            .iter()
-            .position(|s| s.name().as_deref() == Some(name))
-            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("{name} is not an active member")))?;
-        self.fail_role(role).await
     }
 }

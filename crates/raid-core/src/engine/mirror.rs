@@ -14,7 +14,7 @@ use futures::future::join_all;
 use super::io::{Piece, coalesce};
 use super::read_data::{FileExtent, ReadAssembler, ReadData};
 use super::slot::{Device, Slot};
-use super::{Array, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
+use super::{Array, DataPath, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -36,11 +36,11 @@ impl<M: Member + ?Sized> Array<M> {
         let mut out = ReadAssembler::new(len_bytes);
         // (array sector, sectors, offset in request)
         let mut todo = vec![(start_sector, len_bytes as u64 / SECTOR_BYTES, 0usize)];
-        for _attempt in 0..=self.slots.len() {
+        for _attempt in 0..=self.members.slots.len() {
             if todo.is_empty() {
                 return Ok(out.finish());
             }
-            let mut planned = vec![0u64; self.slots.len()];
+            let mut planned = vec![0u64; self.members.slots.len()];
             let mut pieces = Vec::new();
             for (sector, sectors, req_offset) in todo.drain(..) {
                 self.plan_mirror_reads(sector, sectors, req_offset, &mut planned, &mut pieces)?;
@@ -64,11 +64,11 @@ impl<M: Member + ?Sized> Array<M> {
     /// any two requests in flight together.
     pub fn read_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {
         self.check_io(offset_bytes, len_bytes as u64, true)?;
-        if self.geometry.parity().is_some() {
+        if self.data_path() == DataPath::Striped {
             return Ok(None);
         }
         let mut pieces = Vec::new();
-        let mut planned = vec![0u64; self.slots.len()];
+        let mut planned = vec![0u64; self.members.slots.len()];
         let start_sector = offset_bytes / SECTOR_BYTES;
         if self.plan_mirror_reads(start_sector, len_bytes as u64 / SECTOR_BYTES, 0, &mut planned, &mut pieces).is_err()
         {
@@ -116,7 +116,7 @@ impl<M: Member + ?Sized> Array<M> {
     ) -> Option<Vec<FileExtent>> {
         let mut extents: Vec<FileExtent> = Vec::with_capacity(pieces.len());
         for piece in pieces {
-            let slot = &self.slots[piece.role];
+            let slot = &self.members.slots[piece.role];
             let device = slot.device()?;
             let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
             let len = piece.sectors * SECTOR_BYTES;
@@ -155,7 +155,7 @@ impl<M: Member + ?Sized> Array<M> {
                 run = run.min(MIRROR_READ_SPLIT_SECTORS - sector % MIRROR_READ_SPLIT_SECTORS);
             }
             let readable: Vec<&Extent> =
-                mapped.copies.iter().filter(|c| self.slots[c.role].is_readable(c.member_sector, run)).collect();
+                mapped.copies.iter().filter(|c| self.members.slots[c.role].is_readable(c.member_sector, run)).collect();
             let load = |c: &Extent| self.read_load(c.role) + planned[c.role];
             let region = match self.geometry.level() {
                 Level::Raid1 => MIRROR_READ_SPLIT_SECTORS,
@@ -186,32 +186,6 @@ impl<M: Member + ?Sized> Array<M> {
             req_offset += (run * SECTOR_BYTES) as usize;
         }
         Ok(())
-    }
-
-    /// Reads pieces (coalesced per member) into `out`; returns the pieces whose member
-    /// failed, after marking it faulty. Without redundancy a failure is an error.
-    pub(super) async fn read_pieces(&self, pieces: Vec<Piece>, out: &mut ReadAssembler) -> Result<Vec<Piece>> {
-        let runs = coalesce(pieces);
-        let results = join_all(runs.iter().map(|r| self.read_member(r.role, r.member_sector, r.sectors))).await;
-        let mut failed = Vec::new();
-        for (run, res) in runs.into_iter().zip(results) {
-            match res {
-                Ok(buf) => {
-                    let b = out.add_buf(buf);
-                    for (p, at) in run.pieces {
-                        out.piece(p.req_offset_bytes, b, at, (p.sectors * SECTOR_BYTES) as usize);
-                    }
-                }
-                Err(e) => {
-                    self.member_failed(run.role, &e, "read").await;
-                    if !self.has_redundancy() {
-                        return Err(RaidError::io(format!("read of role {} failed", run.role), e));
-                    }
-                    failed.extend(run.pieces.into_iter().map(|(p, _)| p));
-                }
-            }
-        }
-        Ok(failed)
     }
 
     /// Locks the raid1/raid10 lock units covering `[sector, sector + sectors)`.
@@ -264,7 +238,7 @@ impl<M: Member + ?Sized> Array<M> {
             let run = mapped.len_sectors.min(end - sector);
             let req_offset_bytes = ((sector - start_sector) * SECTOR_BYTES) as usize;
             let before = pieces.len();
-            for c in mapped.copies.iter().filter(|c| self.slots[c.role].is_writable()) {
+            for c in mapped.copies.iter().filter(|c| self.members.slots[c.role].is_writable()) {
                 pieces.push(Piece { role: c.role, member_sector: c.member_sector, sectors: run, req_offset_bytes });
             }
             if pieces.len() == before {

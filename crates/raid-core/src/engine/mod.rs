@@ -8,7 +8,10 @@
 //!      └── raid4/5/6 ───────────────────── stripe.rs: per-stripe locks, full-stripe
 //!                                          writes without reads, RMW vs reconstruct-write
 //!                                          by fewest reads, degraded reconstruct
-//!      member I/O: coalesced per member (io.rs), errors mark the member faulty
+//!      the path is chosen in one place (DataPath, Array::data_path)
+//!      member I/O: coalesced per member (io.rs: read_member, read_pieces, write_member)
+//!      membership.rs: roles, spares, device ids; failures mark the member faulty; fail,
+//!                     add, replace, re-add, remove, each recorded before it takes effect
 //!      state changes: metadata.rs (md superblocks through a MetadataStore)
 //! ```
 //!
@@ -27,6 +30,7 @@ mod intent;
 mod io;
 mod lock_table;
 mod maintenance;
+mod membership;
 mod metadata;
 mod mirror;
 mod read_data;
@@ -35,9 +39,8 @@ mod slot;
 mod stripe;
 mod stripe_plan;
 
-use std::io as stdio;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures::future::join_all;
 
@@ -53,7 +56,7 @@ use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::Geometry;
 use crate::member::Member;
 use crate::volume::{Volume, VolumeFuture};
-use slot::Slot;
+use membership::Membership;
 
 /// Largest READ/WRITE the engine accepts in one call (the NBD kernel client's maximum).
 pub const MAX_IO_BYTES: usize = 32 << 20;
@@ -66,6 +69,16 @@ const MIRROR_READ_SPLIT_SECTORS: u64 = 512; // 256 KiB
 
 /// Lock unit for raid1 writes, in array sectors.
 const MIRROR_LOCK_SECTORS: u64 = 128; // 64 KiB
+
+/// How a level's data lies on the members. [`Array::data_path`] is the one place a level
+/// picks its path; read, write, zeroing, in-place reads and scrub dispatch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DataPath {
+    /// linear, raid0, raid1, raid10: every byte on one member, or copied (mirror.rs).
+    Mirrored,
+    /// raid4/5/6: data and parity in stripes, under stripe locks (stripe.rs).
+    Striped,
+}
 
 /// Snapshot of one role for status displays.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,10 +96,8 @@ pub struct RoleStatus {
 /// A running RAID array over members of type `M` (often `dyn Member`).
 pub struct Array<M: Member + ?Sized> {
     geometry: Geometry,
-    slots: Vec<Slot<M>>,
-    /// Devices that belong to the array without a role.
-    spares: Mutex<Vec<Device<M>>>,
-    next_device_id: AtomicUsize,
+    /// Roles, spares and device ids (membership.rs).
+    members: Membership<M>,
     locks: LockTable,
     metadata: Option<Mutex<Box<dyn MetadataStore>>>,
     /// The superblocks currently say "dirty" (resync_offset = 0).
@@ -141,20 +152,18 @@ impl<M: Member + ?Sized> Array<M> {
                 ));
             }
         }
-        let slots: Vec<Slot<M>> = members.into_iter().map(Slot::new).collect();
-        let missing: Vec<usize> = (0..slots.len()).filter(|&r| slots[r].state() == SlotState::Missing).collect();
+        let members = Membership::new(members);
+        let missing: Vec<usize> =
+            (0..members.slots.len()).filter(|&r| members.slots[r].state() == SlotState::Missing).collect();
         if !geometry.survives(&missing) {
             return Err(RaidError::new(
                 ErrorKind::CannotAssemble,
                 format!("{} cannot run with roles {missing:?} missing", geometry.level()),
             ));
         }
-        let next_device_id = slots.iter().filter_map(|s| s.device().map(|d| d.id + 1)).max().unwrap_or(0);
         Ok(Self {
             geometry,
-            slots,
-            spares: Mutex::new(Vec::new()),
-            next_device_id: AtomicUsize::new(next_device_id),
+            members,
             locks: LockTable::new(),
             metadata: metadata.map(Mutex::new),
             dirty: AtomicBool::new(dirty),
@@ -167,10 +176,13 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Adds devices that are already spares of this array (found at assembly).
     pub fn with_spares(self, spares: Vec<Device<M>>) -> Self {
-        let next = spares.iter().map(|d| d.id + 1).max().unwrap_or(0);
-        self.next_device_id.fetch_max(next, Ordering::AcqRel);
-        self.spares.lock().expect("spares lock").extend(spares);
+        self.members.add_spares(spares);
         self
+    }
+
+    /// The data path of this array's level.
+    pub(crate) fn data_path(&self) -> DataPath {
+        if self.geometry.parity().is_some() { DataPath::Striped } else { DataPath::Mirrored }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -183,31 +195,16 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Whether every role is in sync.
     pub fn is_optimal(&self) -> bool {
-        self.slots.iter().all(|s| s.state() == SlotState::InSync)
+        self.members.is_optimal()
     }
 
     /// Roles that are faulty or missing.
     pub fn failed_roles(&self) -> Vec<usize> {
-        (0..self.slots.len())
-            .filter(|&r| matches!(self.slots[r].state(), SlotState::Faulty | SlotState::Missing))
-            .collect()
+        self.members.failed_roles()
     }
 
     pub fn role_status(&self) -> Vec<RoleStatus> {
-        self.slots
-            .iter()
-            .enumerate()
-            .map(|(role, s)| RoleStatus {
-                role,
-                name: s.name(),
-                device_id: s.device().map(|d| d.id),
-                state: s.state(),
-                recovery_offset_sectors: (s.state() == SlotState::Recovering).then(|| s.recovery_offset_sectors()),
-                replacement: s
-                    .replacement()
-                    .map(|r| (r.device.member.name().to_string(), r.device.id, r.done_sectors.load(Ordering::Acquire))),
-            })
-            .collect()
+        self.members.role_status()
     }
 
     /// Makes the array read-only: client writes and admin changes are refused, no metadata
@@ -236,17 +233,16 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Names and device ids of the spares.
     pub fn spare_status(&self) -> Vec<(String, usize)> {
-        self.spares.lock().expect("spares lock").iter().map(|d| (d.member.name().to_string(), d.id)).collect()
+        self.members.spare_status()
     }
 
     /// Reads `len_bytes` at `offset_bytes`.
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<ReadData> {
         self.check_io(offset_bytes, len_bytes as u64, true)?;
         self.client_io_bytes.fetch_add(len_bytes as u64, Ordering::Relaxed);
-        if self.geometry.parity().is_some() {
-            self.read_striped(offset_bytes / SECTOR_BYTES, len_bytes).await
-        } else {
-            self.read_mirrored(offset_bytes / SECTOR_BYTES, len_bytes).await
+        match self.data_path() {
+            DataPath::Striped => self.read_striped(offset_bytes / SECTOR_BYTES, len_bytes).await,
+            DataPath::Mirrored => self.read_mirrored(offset_bytes / SECTOR_BYTES, len_bytes).await,
         }
     }
 
@@ -256,16 +252,12 @@ impl<M: Member + ?Sized> Array<M> {
         self.check_io(offset_bytes, data.len() as u64, true)?;
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
-        if self.geometry.parity().is_some() {
-            self.write_striped(
-                offset_bytes / SECTOR_BYTES,
-                data.len() as u64 / SECTOR_BYTES,
-                stripe::WriteSource::Data(data),
-                fua,
-            )
-            .await
-        } else {
-            self.write_mirrored(offset_bytes / SECTOR_BYTES, data, fua).await
+        match self.data_path() {
+            DataPath::Striped => {
+                let sectors = data.len() as u64 / SECTOR_BYTES;
+                self.write_striped(offset_bytes / SECTOR_BYTES, sectors, stripe::WriteSource::Data(data), fua).await
+            }
+            DataPath::Mirrored => self.write_mirrored(offset_bytes / SECTOR_BYTES, data, fua).await,
         }
     }
 
@@ -291,11 +283,11 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Makes every completed write durable on every live member.
     pub async fn flush(&self) -> Result<()> {
-        let live: Vec<usize> = (0..self.slots.len()).filter(|&r| self.slots[r].is_writable()).collect();
+        let live: Vec<usize> = (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
         let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> =
-            (0..self.slots.len()).filter_map(|r| self.slots[r].replacement().map(|x| (r, x))).collect();
+            (0..self.members.slots.len()).filter_map(|r| self.members.slots[r].replacement().map(|x| (r, x))).collect();
         let (results, replacement_results) = futures::join!(
-            join_all(live.iter().map(|&r| async move { self.slots[r].member().flush().await })),
+            join_all(live.iter().map(|&r| async move { self.members.slots[r].member().flush().await })),
             join_all(replacements.iter().map(|(_, x)| x.device.member.flush()))
         );
         for (&role, res) in live.iter().zip(results) {
@@ -332,24 +324,6 @@ impl<M: Member + ?Sized> Array<M> {
             self.persist_locked(change).await;
             self.dirty.store(false, Ordering::Release);
         }
-        Ok(())
-    }
-
-    /// Marks the member in `role` faulty on request (admin "fail").
-    pub async fn fail_role(&self, role: usize) -> Result<()> {
-        self.check_writable("fail")?;
-        if role >= self.slots.len() {
-            return Err(RaidError::new(ErrorKind::Refused, format!("no role {role}")));
-        }
-        let mut failed = self.failed_roles();
-        failed.push(role);
-        if !self.geometry.survives(&failed) {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!("failing role {role} would leave {} without its data", self.geometry.level()),
-            ));
-        }
-        self.mark_faulty(role).await;
         Ok(())
     }
 
@@ -392,139 +366,16 @@ impl<M: Member + ?Sized> Array<M> {
         }
     }
 
-    /// Records that a member I/O failed: marks it faulty (redundant levels) and makes
-    /// that durable before returning.
-    async fn member_failed(&self, role: usize, error: &stdio::Error, what: &str) {
-        let name = self.slots[role].name().unwrap_or_else(|| "?".into());
-        if !self.has_redundancy() {
-            tracing::error!(member = name, role, %error, "{what} failed");
-            return;
-        }
-        tracing::error!(member = name, role, %error, "{what} failed: member marked faulty, array degraded");
-        self.mark_faulty(role).await;
-        self.maintenance.wake();
-    }
-
-    /// Marks the device of `role` faulty and records it durably. If a replacement was
-    /// being built for the role, it takes over as a recovering member.
-    async fn mark_faulty(&self, role: usize) {
-        let slot = &self.slots[role];
-        if !slot.set_faulty() {
-            return;
-        }
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        if let Some(device) = slot.device() {
-            self.persist_locked(StateChange::Faulty { device: device.id }).await;
-        }
-        if let Some(replacement) = slot.replacement() {
-            slot.set_replacement(None);
-            let done = replacement.done_sectors.load(Ordering::Acquire);
-            slot.take_device();
-            slot.install(replacement.device.clone(), Some(done));
-            tracing::warn!(role, member = replacement.device.member.name(), "replacement takes over the failed role");
-            self.persist_locked(StateChange::Assign { device: replacement.device.id, role, replacement: false }).await;
-            self.persist_locked(StateChange::RecoveryProgress { device: replacement.device.id, sectors: done }).await;
-        }
-    }
-
-    /// A replacement's write failed: drop it (the role itself is unaffected).
-    async fn replacement_failed(&self, role: usize, replacement: &slot::Replacement<M>, error: &stdio::Error) {
-        let slot = &self.slots[role];
-        let still = slot.replacement().is_some_and(|r| r.device.id == replacement.device.id);
-        if !still {
-            return;
-        }
-        slot.set_replacement(None);
-        tracing::error!(role, member = replacement.device.member.name(), %error, "replacement failed and was dropped");
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        self.persist_locked(StateChange::Faulty { device: replacement.device.id }).await;
-    }
-
-    /// The live device with `id`: a role's device (unless faulty), a replacement, or a spare.
-    fn device_by_id(&self, id: usize) -> Option<Device<M>> {
-        for slot in &self.slots {
-            if let Some(d) = slot.device().filter(|d| d.id == id) {
-                return slot.is_writable().then_some(d);
-            }
-            if let Some(r) = slot.replacement().filter(|r| r.device.id == id) {
-                return Some(r.device.clone());
-            }
-        }
-        self.spares.lock().expect("spares lock").iter().find(|d| d.id == id).cloned()
-    }
-
-    /// Whether `id` is the device of some role (for mapping superblock write failures).
-    fn role_of_device(&self, id: usize) -> Option<usize> {
-        self.slots.iter().position(|s| s.device().is_some_and(|d| d.id == id))
-    }
-
-    /// Writes the superblocks for `change` (and for members that fail while doing so).
-    /// The caller holds the metadata lock.
-    async fn persist_locked(&self, change: StateChange) {
-        if let Err(e) = self.try_persist_locked(change).await {
-            tracing::error!(error = %e, "cannot record an array state change");
-        }
-    }
-
-    /// Like `persist_locked`, but reports a change the store refuses.
-    async fn try_persist_locked(&self, change: StateChange) -> Result<()> {
-        let Some(store) = &self.metadata else { return Ok(()) };
-        if self.is_read_only() {
-            tracing::debug!(?change, "read-only array: state change not recorded");
-            return Ok(());
-        }
-        let mut pending = vec![change];
-        let mut first = true;
-        while let Some(change) = pending.pop() {
-            let applied = store.lock().expect("metadata lock").apply(&change);
-            let writes = match applied {
-                Ok(w) => w,
-                Err(e) if first => return Err(e),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot record a member failure");
-                    continue;
-                }
-            };
-            first = false;
-            let targets: Vec<(Device<M>, SuperblockWrite)> =
-                writes.into_iter().filter_map(|w| self.device_by_id(w.device).map(|d| (d, w))).collect();
-            let results = join_all(
-                targets
-                    .into_iter()
-                    .map(|(d, w)| async move { (d.id, d.member.write_at(w.offset_bytes, w.image, true).await.0) }),
-            )
-            .await;
-            for (device, res) in results {
-                if let Err(e) = res {
-                    tracing::error!(device, error = %e, "superblock write failed: device marked faulty");
-                    match self.role_of_device(device) {
-                        Some(role) if self.slots[role].set_faulty() => pending.push(StateChange::Faulty { device }),
-                        Some(_) => {}
-                        None => {
-                            self.spares.lock().expect("spares lock").retain(|d| d.id != device);
-                            for slot in &self.slots {
-                                if slot.replacement().is_some_and(|r| r.device.id == device) {
-                                    slot.set_replacement(None);
-                                }
-                            }
-                            pending.push(StateChange::Faulty { device });
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     async fn zero_range(&self, start: u64, sectors: u64, deallocate: bool, fua: bool, trim_only: bool) -> Result<()> {
         if sectors == 0 {
             return Ok(());
         }
-        if self.geometry.parity().is_some() {
-            self.zero_striped(start, sectors, deallocate, trim_only).await?;
-            if fua { self.flush().await } else { Ok(()) }
-        } else {
-            self.zero_mirrored(start, sectors, deallocate, fua).await
+        match self.data_path() {
+            DataPath::Striped => {
+                self.zero_striped(start, sectors, deallocate, trim_only).await?;
+                if fua { self.flush().await } else { Ok(()) }
+            }
+            DataPath::Mirrored => self.zero_mirrored(start, sectors, deallocate, fua).await,
         }
     }
 

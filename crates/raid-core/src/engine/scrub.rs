@@ -12,8 +12,8 @@
 
 use futures::future::join_all;
 
-use super::Array;
 use super::stripe::{block_kinds, block_role};
+use super::{Array, DataPath};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -76,10 +76,9 @@ impl<M: Member + ?Sized> Array<M> {
         let mut total = ScrubCounts::default();
         let end = (first + count).min(self.scrub_units());
         for unit in first..end {
-            total += if self.geometry.parity().is_some() {
-                self.scrub_stripe(unit, repair).await?
-            } else {
-                self.scrub_mirror_unit(unit, repair).await?
+            total += match self.data_path() {
+                DataPath::Striped => self.scrub_stripe(unit, repair).await?,
+                DataPath::Mirrored => self.scrub_mirror_unit(unit, repair).await?,
             };
         }
         Ok(total)

@@ -72,6 +72,13 @@ struct PiecePlacement {
     len_bytes: usize,
 }
 
+/// One block of a stripe to write to a member.
+struct MemberWrite {
+    role: usize,
+    member_sector: u64,
+    buf: AlignedBuf,
+}
+
 /// Rebuilt block buffers of one stripe with the pieces of the request they hold.
 type RebuiltPieces = Vec<(AlignedBuf, Vec<PiecePlacement>)>;
 
@@ -115,7 +122,7 @@ impl<M: Member + ?Sized> Array<M> {
                 sectors: run,
                 req_offset_bytes: ((sector - start_sector) * SECTOR_BYTES) as usize,
             };
-            if self.slots[copy.role].is_readable(copy.member_sector, run) {
+            if self.members.slots[copy.role].is_readable(copy.member_sector, run) {
                 direct.push(piece);
             } else {
                 degraded.push(piece);
@@ -185,9 +192,9 @@ impl<M: Member + ?Sized> Array<M> {
         let nblocks = layout.data_roles.len() + np;
         let member_sector = pg.stripe_member_sector(stripe) + u64::from(rows.0);
         let sectors = u64::from(rows.1 - rows.0);
-        for _attempt in 0..=self.slots.len() {
+        for _attempt in 0..=self.members.slots.len() {
             let readable: Vec<usize> = (0..nblocks)
-                .filter(|&b| self.slots[block_role(&layout, b)].is_readable(member_sector, sectors))
+                .filter(|&b| self.members.slots[block_role(&layout, b)].is_readable(member_sector, sectors))
                 .collect();
             let missing: Vec<usize> = (0..nblocks).filter(|b| !readable.contains(b)).collect();
             if missing.len() > np {
@@ -256,7 +263,7 @@ impl<M: Member + ?Sized> Array<M> {
         let (Some(first), Some(last)) = (writes.first(), writes.last()) else { return Ok(()) };
         let _intent =
             self.intent_begin(pg.stripe_member_sector(first.stripe)..pg.stripe_member_sector(last.stripe + 1)).await?;
-        for _attempt in 0..=self.slots.len() {
+        for _attempt in 0..=self.members.slots.len() {
             let mut jobs = self.plan_jobs(writes, &layouts)?;
             let layouts_ref = &layouts;
             let reads: Vec<(usize, usize, usize)> = jobs
@@ -281,7 +288,7 @@ impl<M: Member + ?Sized> Array<M> {
             if read_failed {
                 continue;
             }
-            let mut member_writes: Vec<(usize, u64, AlignedBuf)> = Vec::new();
+            let mut member_writes: Vec<MemberWrite> = Vec::new();
             for job in jobs {
                 let write = &writes[job.write];
                 self.compute_job(job, write, &layouts, src, &mut member_writes);
@@ -289,7 +296,7 @@ impl<M: Member + ?Sized> Array<M> {
             let runs = concat_runs(member_writes);
             let results = join_all(
                 runs.into_iter()
-                    .map(|(role, sector, buf)| async move { (role, self.write_member(role, sector, buf, fua).await) }),
+                    .map(|w| async move { (w.role, self.write_member(w.role, w.member_sector, w.buf, fua).await) }),
             )
             .await;
             for (role, res) in results {
@@ -310,7 +317,7 @@ impl<M: Member + ?Sized> Array<M> {
         let mut jobs = Vec::new();
         for (i, w) in writes.iter().enumerate() {
             let layout = &layouts[i];
-            let dead = (0..dd + np).filter(|&b| !self.slots[block_role(layout, b)].is_writable()).count();
+            let dead = (0..dd + np).filter(|&b| !self.members.slots[block_role(layout, b)].is_writable()).count();
             if dead > np {
                 return Err(RaidError::new(
                     ErrorKind::ArrayFailed,
@@ -320,14 +327,14 @@ impl<M: Member + ?Sized> Array<M> {
             for seg in segments(&w.blocks) {
                 let member_sector = pg.stripe_member_sector(w.stripe) + u64::from(seg.rows.0);
                 let sectors = u64::from(seg.rows.1 - seg.rows.0);
-                let readable = |b: usize| self.slots[block_role(layout, b)].is_readable(member_sector, sectors);
+                let readable = |b: usize| self.members.slots[block_role(layout, b)].is_readable(member_sector, sectors);
                 let written = |k: usize| seg.written & (1 << k) != 0;
                 let unreadable_data = (0..dd).filter(|&k| !readable(k)).fold(0u64, |m, k| m | 1 << k);
                 let readable_parity: Vec<usize> = (dd..dd + np).filter(|&b| readable(b)).collect();
                 // Parity on a writable member must be recomputed from all data when it was not
                 // resynced since an unclean stop (as md), or when it is being rebuilt here: that
                 // stripe may already be rebuilt, and must get the new parity.
-                let writable = |b: usize| self.slots[block_role(layout, b)].is_writable();
+                let writable = |b: usize| self.members.slots[block_role(layout, b)].is_writable();
                 let recompute_parity = (dd..dd + np).any(writable)
                     && ((dd..dd + np).any(|b| writable(b) && !readable(b)) || !self.stripe_synced(w.stripe));
                 let mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len(), recompute_parity);
@@ -369,7 +376,7 @@ impl<M: Member + ?Sized> Array<M> {
         write: &StripeWrite,
         layouts: &[StripeLayout],
         src: WriteSource<'_>,
-        out: &mut Vec<(usize, u64, AlignedBuf)>,
+        out: &mut Vec<MemberWrite>,
     ) {
         let layout = &layouts[job.write];
         let np = self.parity_geometry().parity_disks();
@@ -385,10 +392,10 @@ impl<M: Member + ?Sized> Array<M> {
             }
             WriteSource::Zeros => AlignedBuf::zeroed(len),
         };
-        let queue = |b: usize, buf: AlignedBuf, out: &mut Vec<(usize, u64, AlignedBuf)>| {
+        let queue = |b: usize, buf: AlignedBuf, out: &mut Vec<MemberWrite>| {
             let role = block_role(layout, b);
-            if self.slots[role].is_writable() {
-                out.push((role, job.member_sector, buf));
+            if self.members.slots[role].is_writable() {
+                out.push(MemberWrite { role, member_sector: job.member_sector, buf });
             }
         };
         if job.mode == Mode::ReadModifyWrite {
@@ -473,7 +480,8 @@ impl<M: Member + ?Sized> Array<M> {
             let n = (end_full - stripe).min(ZERO_BATCH_STRIPES);
             let _guards = self.locks.lock_all(stripe..stripe + n).await;
             let _intent = self.intent_begin(stripe * chunk..(stripe + n) * chunk).await?;
-            let roles: Vec<usize> = (0..self.slots.len()).filter(|&r| self.slots[r].is_writable()).collect();
+            let roles: Vec<usize> =
+                (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
             let results =
                 join_all(roles.iter().map(|&r| self.zero_member(r, stripe * chunk, n * chunk, deallocate))).await;
             for (&role, res) in roles.iter().zip(results) {
@@ -489,35 +497,41 @@ impl<M: Member + ?Sized> Array<M> {
 }
 
 /// Merges writes that are contiguous on one member into one buffer each.
-fn concat_runs(mut writes: Vec<(usize, u64, AlignedBuf)>) -> Vec<(usize, u64, AlignedBuf)> {
-    /// (role, first sector, bytes so far, buffers)
-    type Run = (usize, u64, usize, Vec<AlignedBuf>);
-    writes.sort_unstable_by_key(|w| (w.0, w.1));
+fn concat_runs(mut writes: Vec<MemberWrite>) -> Vec<MemberWrite> {
+    /// Adjacent writes to one member, joined.
+    struct Run {
+        role: usize,
+        member_sector: u64,
+        len_bytes: usize,
+        bufs: Vec<AlignedBuf>,
+    }
+    writes.sort_unstable_by_key(|w| (w.role, w.member_sector));
     let mut out: Vec<Run> = Vec::new();
-    for (role, sector, buf) in writes {
-        if let Some((last_role, last_sector, len, bufs)) = out.last_mut() {
-            let end = *last_sector + *len as u64 / SECTOR_BYTES;
-            if *last_role == role && end == sector && *len + buf.len() <= MAX_IO_BYTES {
-                *len += buf.len();
-                bufs.push(buf);
+    for w in writes {
+        if let Some(last) = out.last_mut() {
+            let end = last.member_sector + last.len_bytes as u64 / SECTOR_BYTES;
+            if last.role == w.role && end == w.member_sector && last.len_bytes + w.buf.len() <= MAX_IO_BYTES {
+                last.len_bytes += w.buf.len();
+                last.bufs.push(w.buf);
                 continue;
             }
-            debug_assert!(*last_role != role || end <= sector, "overlapping member writes");
+            debug_assert!(last.role != w.role || end <= w.member_sector, "overlapping member writes");
         }
-        out.push((role, sector, buf.len(), vec![buf]));
+        out.push(Run { role: w.role, member_sector: w.member_sector, len_bytes: w.buf.len(), bufs: vec![w.buf] });
     }
     out.into_iter()
-        .map(|(role, sector, len, mut bufs)| {
-            if bufs.len() == 1 {
-                return (role, sector, bufs.pop().expect("one buffer"));
+        .map(|mut run| {
+            if run.bufs.len() == 1 {
+                let buf = run.bufs.pop().expect("one buffer");
+                return MemberWrite { role: run.role, member_sector: run.member_sector, buf };
             }
-            let mut joined = AlignedBuf::for_overwrite(len);
+            let mut joined = AlignedBuf::for_overwrite(run.len_bytes);
             let mut at = 0;
-            for b in &bufs {
+            for b in &run.bufs {
                 joined.as_mut_slice()[at..at + b.len()].copy_from_slice(b.as_slice());
                 at += b.len();
             }
-            (role, sector, joined)
+            MemberWrite { role: run.role, member_sector: run.member_sector, buf: joined }
         })
         .collect()
 }

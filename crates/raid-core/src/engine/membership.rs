@@ -1,0 +1,407 @@
+//! Membership: which device serves each role, the spares, and every change to them —
+//! failures (I/O errors, admin "fail"), spares added, replacements built, re-adds, removals —
+//! with the superblock writes that record each change before it takes effect
+//! (`persist_locked`). The data path and the background work only ask it (`slots`,
+//! `device_by_id`) and report failures to it (`member_failed`).
+
+use std::io as stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::future::join_all;
+
+use super::slot::{self, Device, Replacement, RoleMember, Slot, SlotState};
+use super::{Array, META_LOCK_KEY, RoleStatus, StateChange, SuperblockWrite};
+use crate::SECTOR_BYTES;
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::member::Member;
+
+/// The roles and the devices without one.
+pub(super) struct Membership<M: Member + ?Sized> {
+    pub(super) slots: Vec<Slot<M>>,
+    /// Devices that belong to the array without a role.
+    pub(super) spares: Mutex<Vec<Device<M>>>,
+    pub(super) next_device_id: AtomicUsize,
+}
+
+impl<M: Member + ?Sized> Membership<M> {
+    /// The roles from the members serving them (`None` = missing); device ids continue after
+    /// the highest one in use.
+    pub(super) fn new(members: Vec<Option<RoleMember<M>>>) -> Self {
+        let slots: Vec<Slot<M>> = members.into_iter().map(Slot::new).collect();
+        let next = slots.iter().filter_map(|s| s.device().map(|d| d.id + 1)).max().unwrap_or(0);
+        Self { slots, spares: Mutex::new(Vec::new()), next_device_id: AtomicUsize::new(next) }
+    }
+
+    /// Adds devices that are already spares (found at assembly).
+    pub(super) fn add_spares(&self, spares: Vec<Device<M>>) {
+        let next = spares.iter().map(|d| d.id + 1).max().unwrap_or(0);
+        self.next_device_id.fetch_max(next, Ordering::AcqRel);
+        self.spares.lock().expect("spares lock").extend(spares);
+    }
+
+    /// Whether every role is in sync.
+    pub(super) fn is_optimal(&self) -> bool {
+        self.slots.iter().all(|s| s.state() == SlotState::InSync)
+    }
+
+    /// Roles that are faulty or missing.
+    pub(super) fn failed_roles(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&r| matches!(self.slots[r].state(), SlotState::Faulty | SlotState::Missing))
+            .collect()
+    }
+
+    pub(super) fn role_status(&self) -> Vec<RoleStatus> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(role, s)| RoleStatus {
+                role,
+                name: s.name(),
+                device_id: s.device().map(|d| d.id),
+                state: s.state(),
+                recovery_offset_sectors: (s.state() == SlotState::Recovering).then(|| s.recovery_offset_sectors()),
+                replacement: s
+                    .replacement()
+                    .map(|r| (r.device.member.name().to_string(), r.device.id, r.done_sectors.load(Ordering::Acquire))),
+            })
+            .collect()
+    }
+
+    /// Names and device ids of the spares.
+    pub(super) fn spare_status(&self) -> Vec<(String, usize)> {
+        self.spares.lock().expect("spares lock").iter().map(|d| (d.member.name().to_string(), d.id)).collect()
+    }
+
+    /// The live device with `id`: a role's device (unless faulty), a replacement, or a spare.
+    pub(super) fn device_by_id(&self, id: usize) -> Option<Device<M>> {
+        for slot in &self.slots {
+            if let Some(d) = slot.device().filter(|d| d.id == id) {
+                return slot.is_writable().then_some(d);
+            }
+            if let Some(r) = slot.replacement().filter(|r| r.device.id == id) {
+                return Some(r.device.clone());
+            }
+        }
+        self.spares.lock().expect("spares lock").iter().find(|d| d.id == id).cloned()
+    }
+
+    /// Whether `id` is the device of some role (for mapping superblock write failures).
+    pub(super) fn role_of_device(&self, id: usize) -> Option<usize> {
+        self.slots.iter().position(|s| s.device().is_some_and(|d| d.id == id))
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// Marks the member in `role` faulty on request (admin "fail").
+    pub async fn fail_role(&self, role: usize) -> Result<()> {
+        self.check_writable("fail")?;
+        if role >= self.members.slots.len() {
+            return Err(RaidError::new(ErrorKind::Refused, format!("no role {role}")));
+        }
+        let mut failed = self.failed_roles();
+        failed.push(role);
+        if !self.geometry.survives(&failed) {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("failing role {role} would leave {} without its data", self.geometry.level()),
+            ));
+        }
+        self.mark_faulty(role).await;
+        Ok(())
+    }
+
+    /// Records that a member I/O failed: marks it faulty (redundant levels) and makes
+    /// that durable before returning.
+    pub(super) async fn member_failed(&self, role: usize, error: &stdio::Error, what: &str) {
+        let name = self.members.slots[role].name().unwrap_or_else(|| "?".into());
+        if !self.has_redundancy() {
+            tracing::error!(member = name, role, %error, "{what} failed");
+            return;
+        }
+        tracing::error!(member = name, role, %error, "{what} failed: member marked faulty, array degraded");
+        self.mark_faulty(role).await;
+        self.maintenance.wake();
+    }
+
+    /// Marks the device of `role` faulty and records it durably. If a replacement was
+    /// being built for the role, it takes over as a recovering member.
+    pub(super) async fn mark_faulty(&self, role: usize) {
+        let slot = &self.members.slots[role];
+        if !slot.set_faulty() {
+            return;
+        }
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        if let Some(device) = slot.device() {
+            self.persist_locked(StateChange::Faulty { device: device.id }).await;
+        }
+        if let Some(replacement) = slot.replacement() {
+            slot.set_replacement(None);
+            let done = replacement.done_sectors.load(Ordering::Acquire);
+            slot.take_device();
+            slot.install(replacement.device.clone(), Some(done));
+            tracing::warn!(role, member = replacement.device.member.name(), "replacement takes over the failed role");
+            self.persist_locked(StateChange::Assign { device: replacement.device.id, role, replacement: false }).await;
+            self.persist_locked(StateChange::RecoveryProgress { device: replacement.device.id, sectors: done }).await;
+        }
+    }
+
+    /// A replacement's write failed: drop it (the role itself is unaffected).
+    pub(super) async fn replacement_failed(
+        &self,
+        role: usize,
+        replacement: &slot::Replacement<M>,
+        error: &stdio::Error,
+    ) {
+        let slot = &self.members.slots[role];
+        let still = slot.replacement().is_some_and(|r| r.device.id == replacement.device.id);
+        if !still {
+            return;
+        }
+        slot.set_replacement(None);
+        tracing::error!(role, member = replacement.device.member.name(), %error, "replacement failed and was dropped");
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        self.persist_locked(StateChange::Faulty { device: replacement.device.id }).await;
+    }
+
+    /// Writes the superblocks for `change` (and for members that fail while doing so).
+    /// The caller holds the metadata lock.
+    pub(super) async fn persist_locked(&self, change: StateChange) {
+        if let Err(e) = self.try_persist_locked(change).await {
+            tracing::error!(error = %e, "cannot record an array state change");
+        }
+    }
+
+    /// Like `persist_locked`, but reports a change the store refuses.
+    pub(super) async fn try_persist_locked(&self, change: StateChange) -> Result<()> {
+        let Some(store) = &self.metadata else { return Ok(()) };
+        if self.is_read_only() {
+            tracing::debug!(?change, "read-only array: state change not recorded");
+            return Ok(());
+        }
+        let mut pending = vec![change];
+        let mut first = true;
+        while let Some(change) = pending.pop() {
+            let applied = store.lock().expect("metadata lock").apply(&change);
+            let writes = match applied {
+                Ok(w) => w,
+                Err(e) if first => return Err(e),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot record a member failure");
+                    continue;
+                }
+            };
+            first = false;
+            let targets: Vec<(Device<M>, SuperblockWrite)> =
+                writes.into_iter().filter_map(|w| self.members.device_by_id(w.device).map(|d| (d, w))).collect();
+            let results = join_all(
+                targets
+                    .into_iter()
+                    .map(|(d, w)| async move { (d.id, d.member.write_at(w.offset_bytes, w.image, true).await.0) }),
+            )
+            .await;
+            for (device, res) in results {
+                if let Err(e) = res {
+                    tracing::error!(device, error = %e, "superblock write failed: device marked faulty");
+                    match self.members.role_of_device(device) {
+                        Some(role) if self.members.slots[role].set_faulty() => {
+                            pending.push(StateChange::Faulty { device })
+                        }
+                        Some(_) => {}
+                        None => {
+                            self.members.spares.lock().expect("spares lock").retain(|d| d.id != device);
+                            for slot in &self.members.slots {
+                                if slot.replacement().is_some_and(|r| r.device.id == device) {
+                                    slot.set_replacement(None);
+                                }
+                            }
+                            pending.push(StateChange::Faulty { device });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings a member that left `role` back (md's re-add). The caller checked it belongs to
+    /// this array and that the bitmap covers the time it was away (its events are at least
+    /// the bitmap's events_cleared): only chunks written meanwhile are copied.
+    pub async fn re_add(&self, role: usize, member: Arc<M>) -> Result<()> {
+        self.check_writable("re add")?;
+        let slot = self
+            .members
+            .slots
+            .get(role)
+            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
+        if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
+            return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
+        }
+        if self.intent.is_none() {
+            return Err(RaidError::new(ErrorKind::Refused, "the array has no write-intent bitmap: add it as a spare"));
+        }
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        // The failed device (often this very member) leaves the role first.
+        if let Some(old) = slot.take_device() {
+            self.persist_locked(StateChange::Remove { device: old.id }).await;
+        }
+        let device = self.new_device(member).await?;
+        self.members.spares.lock().expect("spares lock").push(device.clone());
+        let added = self
+            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
+            .await;
+        self.members.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
+        added?;
+        self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
+        slot.bitmap_recovery.store(true, Ordering::Release);
+        slot.install(device.clone(), Some(0));
+        tracing::info!(
+            role,
+            member = device.member.name(),
+            "member re-added: copying only chunks written while it was away"
+        );
+        drop(_g);
+        self.maintenance.wake();
+        Ok(())
+    }
+
+    /// The data offset new devices get: the same as the array's current devices.
+    pub(super) fn data_offset_for_new_device(&self) -> u64 {
+        self.members
+            .slots
+            .iter()
+            .filter_map(|s| s.device())
+            .chain(self.members.spares.lock().expect("spares lock").iter().cloned())
+            .map(|d| d.data_offset_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Checks `member` can hold any role and records it as a new device.
+    pub(super) async fn new_device(&self, member: Arc<M>) -> Result<Device<M>> {
+        let data_offset_bytes = self.data_offset_for_new_device();
+        let needed =
+            (0..self.members.slots.len()).map(|r| self.geometry.member_sectors(r)).max().unwrap_or(0) * SECTOR_BYTES;
+        if member.len_bytes() < data_offset_bytes + needed {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!(
+                    "{}: {} bytes is too small: members of this array need {} bytes",
+                    member.name(),
+                    member.len_bytes(),
+                    data_offset_bytes + needed
+                ),
+            ));
+        }
+        let name = member.name().to_string();
+        let already = self.members.slots.iter().any(|s| s.name().as_deref() == Some(&name))
+            || self.spare_status().iter().any(|(n, _)| *n == name);
+        if already {
+            return Err(RaidError::new(ErrorKind::Refused, format!("{name} is already part of the array")));
+        }
+        let id = self.members.next_device_id.fetch_add(1, Ordering::AcqRel);
+        Ok(Device { id, member, data_offset_bytes })
+    }
+
+    /// Adds a device as a spare; a degraded array starts rebuilding onto it.
+    pub async fn add_spare(&self, member: Arc<M>) -> Result<usize> {
+        self.check_writable("add spare")?;
+        let device = self.new_device(member).await?;
+        let id = device.id;
+        {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            // The spare must be reachable for its own superblock write.
+            self.members.spares.lock().expect("spares lock").push(device.clone());
+            if let Err(e) = self
+                .try_persist_locked(StateChange::AddSpare { device: id, device_bytes: device.member.len_bytes() })
+                .await
+            {
+                self.members.spares.lock().expect("spares lock").retain(|d| d.id != id);
+                return Err(e);
+            }
+        }
+        tracing::info!(member = device.member.name(), "spare added");
+        self.maintenance.wake();
+        Ok(id)
+    }
+
+    /// Builds `member` as a replacement for `role` while the current device stays in service.
+    pub async fn replace(&self, role: usize, member: Arc<M>) -> Result<()> {
+        self.check_writable("replace")?;
+        let slot = self
+            .members
+            .slots
+            .get(role)
+            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
+        if slot.state() != SlotState::InSync || slot.replacement().is_some() {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("role {role} is not in sync or is already being replaced"),
+            ));
+        }
+        if !self.has_redundancy() {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("{} cannot replace members online", self.geometry.level()),
+            ));
+        }
+        let device = self.new_device(member).await?;
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        self.members.spares.lock().expect("spares lock").push(device.clone());
+        let added = self
+            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
+            .await;
+        self.members.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
+        added?;
+        slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));
+        if let Err(e) =
+            self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: true }).await
+        {
+            slot.set_replacement(None);
+            return Err(e);
+        }
+        tracing::info!(role, member = device.member.name(), "replacement started");
+        drop(_g);
+        self.maintenance.wake();
+        Ok(())
+    }
+
+    /// Removes a spare or a faulty member (by name), as `mdadm --remove`.
+    pub async fn remove_device(&self, name: &str) -> Result<()> {
+        self.check_writable("remove device")?;
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        let spare = {
+            let mut spares = self.members.spares.lock().expect("spares lock");
+            spares.iter().position(|d| d.member.name() == name).map(|i| spares.remove(i))
+        };
+        if let Some(spare) = spare {
+            self.persist_locked(StateChange::Remove { device: spare.id }).await;
+            return Ok(());
+        }
+        for slot in &self.members.slots {
+            if slot.name().as_deref() != Some(name) {
+                continue;
+            }
+            if slot.state() != SlotState::Faulty {
+                return Err(RaidError::new(ErrorKind::Refused, format!("{name} is active: fail it first")));
+            }
+            if let Some(old) = slot.take_device() {
+                self.persist_locked(StateChange::Remove { device: old.id }).await;
+            }
+            return Ok(());
+        }
+        Err(RaidError::new(ErrorKind::Refused, format!("{name} is not a member of the array")))
+    }
+
+    /// Marks the member called `name` faulty (admin "fail").
+    pub async fn fail_member(&self, name: &str) -> Result<()> {
+        let role = self
+            .members
+            .slots
+            .iter()
+            .position(|s| s.name().as_deref() == Some(name))
+            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("{name} is not an active member")))?;
+        self.fail_role(role).await
+    }
+}
