@@ -33,6 +33,11 @@ impl<M: Member + ?Sized> Membership<M> {
         Self { slots, spares: Mutex::new(Vec::new()), next_device_id: AtomicUsize::new(next) }
     }
 
+    /// The slot of `role`, or a refusal naming it.
+    pub(super) fn role(&self, role: usize) -> Result<&Slot<M>> {
+        self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))
+    }
+
     /// Adds devices that are already spares (found at assembly).
     pub(super) fn add_spares(&self, spares: Vec<Device<M>>) {
         let next = spares.iter().map(|d| d.id + 1).max().unwrap_or(0);
@@ -97,9 +102,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Marks the member in `role` faulty on request (admin "fail").
     pub async fn fail_role(&self, role: usize) -> Result<()> {
         self.check_writable("fail")?;
-        if role >= self.members.slots.len() {
-            return Err(RaidError::new(ErrorKind::Refused, format!("no role {role}")));
-        }
+        self.members.role(role)?;
         let mut failed = self.failed_roles();
         failed.push(role);
         if !self.geometry.survives(&failed) {
@@ -225,16 +228,26 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
+    /// Records a new device in the superblocks (as md does, first as a spare). It sits among
+    /// the spares while its own superblock is written (the write needs to find it), and stays
+    /// there only if `keep_as_spare`. The caller holds the metadata lock.
+    async fn persist_new_device_locked(&self, device: &Device<M>, keep_as_spare: bool) -> Result<()> {
+        self.members.spares.lock().expect("spares lock").push(device.clone());
+        let added = self
+            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
+            .await;
+        if added.is_err() || !keep_as_spare {
+            self.members.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
+        }
+        added
+    }
+
     /// Brings a member that left `role` back (md's re-add). The caller checked it belongs to
     /// this array and that the bitmap covers the time it was away (its events are at least
     /// the bitmap's events_cleared): only chunks written meanwhile are copied.
     pub async fn re_add(&self, role: usize, member: Arc<M>) -> Result<()> {
         self.check_writable("re add")?;
-        let slot = self
-            .members
-            .slots
-            .get(role)
-            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
+        let slot = self.members.role(role)?;
         if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
             return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
         }
@@ -247,12 +260,7 @@ impl<M: Member + ?Sized> Array<M> {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
         }
         let device = self.new_device(member).await?;
-        self.members.spares.lock().expect("spares lock").push(device.clone());
-        let added = self
-            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
-            .await;
-        self.members.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
-        added?;
+        self.persist_new_device_locked(&device, false).await?;
         self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
         slot.bitmap_recovery.store(true, Ordering::Release);
         slot.install(device.clone(), Some(0));
@@ -311,15 +319,7 @@ impl<M: Member + ?Sized> Array<M> {
         let id = device.id;
         {
             let _g = self.locks.lock(META_LOCK_KEY).await;
-            // The spare must be reachable for its own superblock write.
-            self.members.spares.lock().expect("spares lock").push(device.clone());
-            if let Err(e) = self
-                .try_persist_locked(StateChange::AddSpare { device: id, device_bytes: device.member.len_bytes() })
-                .await
-            {
-                self.members.spares.lock().expect("spares lock").retain(|d| d.id != id);
-                return Err(e);
-            }
+            self.persist_new_device_locked(&device, true).await?;
         }
         tracing::info!(member = device.member.name(), "spare added");
         self.maintenance.wake();
@@ -329,11 +329,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Builds `member` as a replacement for `role` while the current device stays in service.
     pub async fn replace(&self, role: usize, member: Arc<M>) -> Result<()> {
         self.check_writable("replace")?;
-        let slot = self
-            .members
-            .slots
-            .get(role)
-            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))?;
+        let slot = self.members.role(role)?;
         if slot.state() != SlotState::InSync || slot.replacement().is_some() {
             return Err(RaidError::new(
                 ErrorKind::Refused,
@@ -348,12 +344,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let device = self.new_device(member).await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
-        self.members.spares.lock().expect("spares lock").push(device.clone());
-        let added = self
-            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
-            .await;
-        self.members.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
-        added?;
+        self.persist_new_device_locked(&device, false).await?;
         slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));
         if let Err(e) =
             self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: true }).await
