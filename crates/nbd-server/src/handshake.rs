@@ -3,8 +3,10 @@
 //!
 //! Generic over the stream so that STARTTLS can later swap `S` for a TLS stream (today
 //! STARTTLS is answered `ERR_POLICY`). Option data is capped at
-//! [`MAX_OPTION_DATA_BYTES`]; a longer option is skipped without buffering and refused
-//! with `ERR_TOO_BIG`. The caller bounds the whole phase with the handshake timeout.
+//! [`MAX_OPTION_DATA_BYTES`]; a longer option is refused with `ERR_TOO_BIG` — skipped without
+//! buffering up to [`MAX_SKIPPED_OPTION_BYTES`], beyond that answered at once and the
+//! connection closed (not read through). The caller bounds the whole phase with the handshake
+//! timeout.
 //!
 //! Behaviour per option (see `nbd-protocol.md` §1.4):
 //!
@@ -27,7 +29,9 @@ use tracing::debug;
 use crate::advertise::{Advertised, advertise};
 use crate::config::Export;
 use crate::error::{Error, Result};
-use crate::protocol::consts::{BASE_ALLOCATION, BASE_ALLOCATION_ID, MAX_OPTION_DATA_BYTES, info, opt, rep};
+use crate::protocol::consts::{
+    BASE_ALLOCATION, BASE_ALLOCATION_ID, MAX_OPTION_DATA_BYTES, MAX_SKIPPED_OPTION_BYTES, info, opt, rep,
+};
 use crate::protocol::handshake_codec::{
     ClientFlags, ClientOption, ExportQuery, MetaContextQuery, OPTION_HEADER_LEN, decode_client_flags,
     decode_option_header, encode_greeting, info_block_size_data, info_export_data, info_text_data,
@@ -109,11 +113,21 @@ where
         }
         out.clear();
         if header.data_len > MAX_OPTION_DATA_BYTES {
-            discard(stream, buf, u64::from(header.data_len)).await?;
             if header.code == opt::EXPORT_NAME {
                 return Err(Error::protocol("EXPORT_NAME longer than any export name"));
             }
             put_option_error(&mut out, header.code, rep::ERR_TOO_BIG, "option data too long");
+            if header.data_len > MAX_SKIPPED_OPTION_BYTES {
+                // Not read through (a 2 GiB option would hold the connection until the
+                // handshake timeout): answered at once, then the connection is closed, since
+                // the stream cannot be resynchronised without reading it.
+                stream.write_all(&out).await?;
+                return Err(Error::protocol(format!(
+                    "option {} declares {} bytes of data; closing",
+                    header.code, header.data_len
+                )));
+            }
+            discard(stream, buf, u64::from(header.data_len)).await?;
             stream.write_all(&out).await?;
             continue;
         }

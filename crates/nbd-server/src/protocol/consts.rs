@@ -154,8 +154,11 @@ pub const BASE_ALLOCATION_ID: u32 = 1;
 pub const MAX_PAYLOAD_BYTES: u32 = 32 * 1024 * 1024;
 /// Largest string the spec allows (export names, queries, messages).
 pub const MAX_STRING_BYTES: usize = 4096;
-/// Option data above this many bytes is skipped and refused with `ERR_TOO_BIG`.
+/// Option data above this many bytes is refused with `ERR_TOO_BIG`...
 pub const MAX_OPTION_DATA_BYTES: u32 = 64 * 1024;
+/// ... and skipped to stay in sync up to this many; a longer option is answered at once and
+/// the connection closed.
+pub const MAX_SKIPPED_OPTION_BYTES: u32 = 1 << 20;
 /// Length of the EXPORT_NAME reply padding unless NO_ZEROES was negotiated.
 pub const EXPORT_NAME_PAD_BYTES: usize = 124;
 

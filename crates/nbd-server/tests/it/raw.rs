@@ -383,15 +383,22 @@ async fn absurd_option_lengths() {
     let chunks = c.chunks().await;
     assert_eq!((chunks[0].0.cookie, chunks[0].0.chunk_type), (9, reply_type::OFFSET_HOLE));
 
-    // A declared 4 GiB option that never arrives: dropped at the handshake timeout.
-    let mut c = Raw::connect(&server).await;
-    c.start(3).await;
-    let mut msg = IHAVEOPT.to_be_bytes().to_vec();
-    msg.extend_from_slice(&0x1234u32.to_be_bytes());
-    msg.extend_from_slice(&u32::MAX.to_be_bytes());
-    c.send(&msg).await;
-    c.send(&[0; 4096]).await;
-    c.expect_closed().await;
+    // Options declaring 2 GiB and 4 GiB that never arrive: ERR_TOO_BIG at once, then closed
+    // (not read through until the handshake timeout).
+    for declared in [2u32 << 30, u32::MAX] {
+        let mut c = Raw::connect(&server).await;
+        c.start(3).await;
+        let mut msg = IHAVEOPT.to_be_bytes().to_vec();
+        msg.extend_from_slice(&0x1234u32.to_be_bytes());
+        msg.extend_from_slice(&declared.to_be_bytes());
+        c.send(&msg).await;
+        c.send(&[0; 4096]).await;
+        let asked = Instant::now();
+        assert_eq!(c.option_reply().await.1, rep::ERR_TOO_BIG);
+        c.expect_closed().await;
+        let took = asked.elapsed();
+        assert!(took < Duration::from_millis(300), "answered at once, not at the 500 ms timeout: {took:?}");
+    }
     // EXPORT_NAME longer than any name: closed (it cannot be answered with an error).
     let mut c = Raw::connect(&server).await;
     c.start(3).await;
