@@ -47,20 +47,10 @@ mod md {
             set_name: name32("fixturehost:archive"),
             ctime: 1_650_000_000,
             level: Level::Raid6,
-            layout: 2,
             size: 4_188_160,
-            chunksize: 1024,
             raid_disks: 5,
-            bitmap_offset: 0,
-            new_level: 0,
-            reshape_position: 0,
-            delta_disks: 0,
-            new_layout: 0,
-            new_chunk: 0,
-            new_offset: 0,
             data_offset: 6144,
             data_size: 4_188_160,
-            super_offset: 8,
             recovery_offset: 1_048_576,
             dev_number: 3,
             cnt_corrected_read: 7,
@@ -73,6 +63,9 @@ mod md {
             events: 1234,
             resync_offset: 0,
             dev_roles: roles,
+            // The rest as mdadm writes it for any array (layout 2, 512K chunk, no bitmap, no
+            // reshape, superblock at sector 8, 8-sector bad-block log): as in raid5_member.
+            ..raid5_member(3)
         };
         assert_eq!(sb, expected);
         assert_eq!(sb.encode(), area, "re-encoding reproduces the fixture byte for byte");
