@@ -294,6 +294,7 @@ impl Server {
             structured_replies: negotiated.structured_replies,
             meta_context_selected: negotiated.meta_context_selected,
             in_flight_bytes: self.inner.in_flight_bytes.clone(),
+            in_flight_pool_bytes: self.inner.config.max_in_flight_bytes,
             max_requests: self.inner.config.max_requests_per_connection,
             shutdown,
         };

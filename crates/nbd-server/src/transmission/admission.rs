@@ -1,6 +1,13 @@
 //! Admission: a request first takes one of the connection's request slots, then (READ and
-//! WRITE) its length in permits of the server-wide byte budget, before its payload is read or
-//! its read issued. Waits that may be abandoned (shutdown, a hard disconnect) go through
+//! WRITE) its length in byte permits, before its payload is read or its read issued.
+//!
+//! Bytes come from the connection's own reserve ([`RESERVED_BYTES_PER_CONNECTION`], never
+//! shared) when it has room, else from the server-wide pool, of which one connection may hold
+//! at most its fair share (`ServerConfig::max_in_flight_bytes` / [`FAIR_SHARE_DIVISOR`], at
+//! least one maximum payload). So clients that stall (never read their replies, never send
+//! the payload they announced) can hold at most their share each, and every connection can
+//! still move small requests through its reserve: one client cannot starve the others.
+//! Memory held for requests stays below `max_connections` x reserve + the pool. Waits that may be abandoned (shutdown, a hard disconnect) go through
 //! [`Gate::interruptible`]; before any wait the reader's collected replies are written, so it
 //! never waits while holding unwritten replies (no deadlock on its own permits).
 
@@ -16,12 +23,45 @@ use super::reply_writer::{LocalReplies, SharedWriter};
 use crate::error::Result;
 use crate::send_file::ReplySink;
 
+/// Bytes each connection has to itself, outside the shared pool.
+pub(crate) const RESERVED_BYTES_PER_CONNECTION: u32 = 1 << 20;
+/// One connection may hold at most the pool divided by this (at least one maximum payload).
+pub(crate) const FAIR_SHARE_DIVISOR: usize = 4;
+
+/// Byte permits of one request, released when its reply has been written (or dropped).
+pub(super) enum BytePermit {
+    /// From the connection's own reserve.
+    Reserved { _permit: OwnedSemaphorePermit },
+    /// From the shared pool, within the connection's fair share.
+    Shared { _share: OwnedSemaphorePermit, _pool: OwnedSemaphorePermit },
+}
+
+/// The connection's byte budget: its reserve and its share of the server-wide pool.
+pub(super) struct ByteBudget {
+    pub(super) reserve: Arc<Semaphore>,
+    pub(super) share: Arc<Semaphore>,
+    pub(super) pool: Arc<Semaphore>,
+}
+
+impl ByteBudget {
+    /// A new connection's budget over the server-wide `pool` of `pool_bytes`.
+    pub(super) fn new(pool: Arc<Semaphore>, pool_bytes: usize) -> Self {
+        let share = (pool_bytes / FAIR_SHARE_DIVISOR).max(crate::protocol::consts::MAX_PAYLOAD_BYTES as usize);
+        Self {
+            reserve: Arc::new(Semaphore::new(RESERVED_BYTES_PER_CONNECTION as usize)),
+            share: Arc::new(Semaphore::new(share.min(pool_bytes))),
+            pool,
+        }
+    }
+}
+
 /// What admitting a request needs besides the socket (shared with other tasks, so `Sync`).
 pub(super) struct Gate<'a, W> {
     pub(super) t: &'a Transmission,
     pub(super) slots: &'a Arc<Semaphore>,
     pub(super) shared: &'a SharedWriter<W>,
     pub(super) abort: &'a CancellationToken,
+    pub(super) bytes: &'a ByteBudget,
 }
 
 impl<W: ReplySink> Gate<'_, W> {
@@ -52,5 +92,17 @@ impl<W: ReplySink> Gate<'_, W> {
         local.flush(self.shared).await?;
         let acquired = self.interruptible(semaphore.clone().acquire_many_owned(n)).await;
         Ok(acquired.map(|p| p.expect("semaphores are never closed")))
+    }
+
+    /// `n` byte permits: from the reserve if it has room now, else from the pool within the
+    /// connection's share (share first, so a connection over its share waits without holding
+    /// any of the pool). Writes out `local` first if it has to wait.
+    pub(super) async fn byte_permits(&self, n: u32, local: &mut LocalReplies) -> Result<Option<BytePermit>> {
+        if let Ok(permit) = self.bytes.reserve.clone().try_acquire_many_owned(n) {
+            return Ok(Some(BytePermit::Reserved { _permit: permit }));
+        }
+        let Some(share) = self.permits(&self.bytes.share, n, local).await? else { return Ok(None) };
+        let Some(pool) = self.permits(&self.bytes.pool, n, local).await? else { return Ok(None) };
+        Ok(Some(BytePermit::Shared { _share: share, _pool: pool }))
     }
 }

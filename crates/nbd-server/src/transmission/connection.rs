@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::debug;
 
-use super::admission::Gate;
+use super::admission::{BytePermit, Gate};
 use super::receive::{read_payload, receive_in_place, write_targets};
 use super::reply_writer::LocalReplies;
 use crate::device::DeviceError;
@@ -46,7 +46,7 @@ pub(super) struct Incoming {
     /// The validated request and its WRITE payload, or why it was refused.
     pub(super) outcome: Result<(Request, Option<Payload>), Rejection>,
     pub(super) slot: OwnedSemaphorePermit,
-    pub(super) bytes: Option<OwnedSemaphorePermit>,
+    pub(super) bytes: Option<BytePermit>,
 }
 
 impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
@@ -77,7 +77,7 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
             Ok(request @ (Request::Write { len, .. } | Request::Read { len, .. })) => {
                 // Room for the data before reading the payload or issuing the read.
                 let bytes = if len > 0 {
-                    let Some(permit) = gate.permits(&gate.t.in_flight_bytes, len, local).await? else {
+                    let Some(permit) = gate.byte_permits(len, local).await? else {
                         return Ok(None);
                     };
                     Some(permit)

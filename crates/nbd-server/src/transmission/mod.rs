@@ -67,7 +67,7 @@ use crate::protocol::consts::cmd;
 use crate::protocol::request::{ExportLimits, Request};
 use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
-use admission::Gate;
+use admission::{ByteBudget, Gate};
 use connection::{Connection, Incoming, Payload};
 use dispatch::{RequestCtx, rejection_reply};
 use reply_writer::{LOCAL_FLUSH_REPLIES, LocalReplies, Outgoing, SocketWriter, write_batch, write_loop};
@@ -84,8 +84,9 @@ pub(crate) struct Transmission {
     pub advertised: Advertised,
     pub structured_replies: bool,
     pub meta_context_selected: bool,
-    /// Server-wide bytes-in-flight semaphore.
+    /// Server-wide bytes-in-flight pool and its size (`ServerConfig::max_in_flight_bytes`).
     pub in_flight_bytes: Arc<Semaphore>,
+    pub in_flight_pool_bytes: usize,
     pub max_requests: usize,
     pub shutdown: CancellationToken,
 }
@@ -101,7 +102,8 @@ where
     let shared = Arc::new(Mutex::new(SocketWriter { writer, scratch: Vec::with_capacity(16 * 1024) }));
     let writer_task = tokio::spawn(write_loop(shared.clone(), rx, abort.clone()).in_current_span());
 
-    let gate = Gate { t: &t, slots: &slots, shared: &shared, abort: &abort };
+    let bytes = ByteBudget::new(t.in_flight_bytes.clone(), t.in_flight_pool_bytes);
+    let gate = Gate { t: &t, slots: &slots, shared: &shared, abort: &abort, bytes: &bytes };
     let mut reader = Connection { reader, buf: read_buf, gate };
     let mut local = LocalReplies { replies: Vec::with_capacity(LOCAL_FLUSH_REPLIES), bytes: 0 };
     let read_result = read_loop(&mut reader, &mut local, tx).await;

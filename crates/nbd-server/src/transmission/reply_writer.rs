@@ -11,6 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::admission::BytePermit;
 use crate::device::FileRange;
 use crate::error::Result;
 use crate::protocol::reply::{Reply, Segment};
@@ -25,7 +26,7 @@ pub(super) const LOCAL_FLUSH_REPLIES: usize = 64;
 pub(super) struct Outgoing {
     pub(super) reply: Reply,
     pub(super) _slot: OwnedSemaphorePermit,
-    pub(super) _bytes: Option<OwnedSemaphorePermit>,
+    pub(super) _bytes: Option<BytePermit>,
 }
 
 /// The socket's write half and the scratch buffer for headers, shared by both writers.

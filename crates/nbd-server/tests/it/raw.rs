@@ -1073,3 +1073,61 @@ async fn file_ranges_are_sent_whole_or_the_connection_closes() {
     assert!(c.read_ok(0, 4096).await == data[..4096]);
     server.stop().await.unwrap();
 }
+
+/// 20 clients that stall — 10 never read the replies to their 8 MiB READs, 5 announce a 32 MiB
+/// WRITE and never send its payload, 5 stop in the handshake — hold only their fair share of
+/// the byte budget: for 30 s a normal client's 4 KiB write+read pairs are each answered within
+/// 2 s (before the fair share, the stalled READs took the whole 256 MiB pool and the normal
+/// client waited until they went away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_clients_do_not_starve_a_normal_one() {
+    let config = ServerConfig { handshake_timeout: Duration::from_secs(120), ..ServerConfig::default() };
+    let server = ServerHandle::start(vec![Export::new("mem", Arc::new(MemoryDevice::new(512 << 20)))], config).await;
+    let mut stalled = Vec::new();
+    for _ in 0..10 {
+        let mut c = Raw::connect(&server).await;
+        c.go("mem", false, None).await;
+        for k in 0..32u64 {
+            c.request(0, cmd::READ, k, (k % 60) * (8 << 20), 8 << 20, &[]).await;
+        }
+        stalled.push(c);
+    }
+    for i in 0..5u64 {
+        let mut c = Raw::connect(&server).await;
+        c.go("mem", false, None).await;
+        c.send(&request_message(0, cmd::WRITE, i, 0, 32 << 20, &[])).await;
+        stalled.push(c);
+    }
+    for _ in 0..5 {
+        let mut c = Raw::connect(&server).await;
+        c.greeting().await;
+        stalled.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut normal = Raw::connect(&server).await;
+    normal.go("mem", false, None).await;
+    let started = Instant::now();
+    let mut pairs = 0u64;
+    while started.elapsed() < Duration::from_secs(30) {
+        let offset = (pairs % 1024) * 4096 + (500 << 20);
+        let data = pattern(pairs, 4096);
+        let asked = Instant::now();
+        let pair = async {
+            normal.request(0, cmd::WRITE, 2 * pairs, offset, 4096, &data).await;
+            let (error, cookie, _) = normal.simple_reply(0).await;
+            assert_eq!((error, cookie), (0, 2 * pairs));
+            normal.read_ok(offset, 4096).await
+        };
+        let back = tokio::time::timeout(Duration::from_secs(2), pair)
+            .await
+            .unwrap_or_else(|_| panic!("pair {pairs} not answered within 2 s while 20 clients stall"));
+        assert!(back == data, "pair {pairs}: read back what was written");
+        assert!(asked.elapsed() < Duration::from_secs(2));
+        pairs += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(pairs > 100, "only {pairs} pairs in 30 s");
+    drop(stalled);
+    server.stop().await.unwrap();
+}
