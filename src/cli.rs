@@ -257,6 +257,13 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. 127.0.0.1:9109 (off by default).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// A client must finish the NBD handshake within this many seconds [default: 10].
+    #[arg(long, value_name = "SECONDS")]
+    pub handshake_timeout: Option<u64>,
+    /// Close connections with no request in flight and none arriving for this many seconds
+    /// [default: never; the kernel client keeps idle connections open].
+    #[arg(long, value_name = "SECONDS")]
+    pub idle_timeout: Option<u64>,
     /// Member files or block devices, in any order.
     #[arg(value_name = "MEMBER")]
     pub members: Vec<String>,

@@ -12,6 +12,8 @@
 //! control = "/run/raidnbd/control.sock"
 //! metrics = "127.0.0.1:9109"
 //! on_event = "/usr/local/sbin/raidnbd-event"
+//! handshake_timeout = 10   # seconds
+//! idle_timeout = 600       # seconds; default: never
 //! io = "auto"              # auto | uring | threads | inline (also per export)
 //! member_bw = "20M"        # optional throttle per member, bytes/s (also per export)
 //! member_iops = 200        # (also per export)
@@ -45,6 +47,8 @@ pub struct ConfigFile {
     pub control: Option<PathBuf>,
     pub metrics: Option<SocketAddr>,
     pub on_event: Option<String>,
+    pub handshake_timeout: Option<u64>,
+    pub idle_timeout: Option<u64>,
     pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
@@ -254,7 +258,7 @@ mod tests {
     fn sample_value(key: &str) -> &'static str {
         match key {
             "read_only" | "force" | "require_all" | "buffered" => "true",
-            "member_iops" => "5",
+            "member_iops" | "handshake_timeout" | "idle_timeout" => "5",
             "listen" | "members" => "[\"127.0.0.1:1\"]",
             "metrics" => "\"127.0.0.1:9\"",
             _ => "\"x\"",

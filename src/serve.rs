@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
 use nbd_server::{BlockDevice, Export, Server, ServerConfig};
@@ -62,6 +63,7 @@ struct Settings {
     control: Option<PathBuf>,
     metrics: Option<SocketAddr>,
     on_event: Option<String>,
+    server: ServerConfig,
     exports: Vec<ExportPlan>,
 }
 
@@ -131,6 +133,15 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
         control: args.control.clone().or_else(|| file.control.clone()),
         metrics: args.metrics.or(file.metrics),
         on_event: args.on_event.clone().or_else(|| file.on_event.clone()),
+        server: {
+            let defaults = ServerConfig::default();
+            let handshake = args.handshake_timeout.or(file.handshake_timeout);
+            ServerConfig {
+                handshake_timeout: handshake.map_or(defaults.handshake_timeout, Duration::from_secs),
+                idle_timeout: args.idle_timeout.or(file.idle_timeout).map(Duration::from_secs),
+                ..defaults
+            }
+        },
         exports,
     })
 }
@@ -208,7 +219,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         });
         arrays.push(opened.array);
     }
-    let server = Server::new(exports, ServerConfig::default()).map_err(|e| anyhow!("{e}"))?;
+    let server = Server::new(exports, settings.server.clone()).map_err(|e| anyhow!("{e}"))?;
     let (listeners, activated) = listen::listeners(&settings.listen).await?;
     let socket = settings.control.clone().unwrap_or_else(|| control::default_socket_for(&listeners));
     let control = Arc::new(Control { exports: controlled });

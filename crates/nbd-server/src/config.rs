@@ -65,6 +65,9 @@ pub struct ServerConfig {
     pub max_requests_per_connection: usize,
     /// On shutdown, how long in-flight requests may take before connections are dropped.
     pub shutdown_grace: Duration,
+    /// A connection in transmission with no request in flight and none arriving for this long
+    /// is closed (`None`: never; the kernel client keeps idle connections open for good).
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +78,7 @@ impl Default for ServerConfig {
             max_in_flight_bytes: 256 * 1024 * 1024,
             max_requests_per_connection: 256,
             shutdown_grace: Duration::from_secs(30),
+            idle_timeout: None,
         }
     }
 }

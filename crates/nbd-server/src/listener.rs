@@ -296,6 +296,7 @@ impl Server {
             in_flight_bytes: self.inner.in_flight_bytes.clone(),
             in_flight_pool_bytes: self.inner.config.max_in_flight_bytes,
             max_requests: self.inner.config.max_requests_per_connection,
+            idle_timeout: self.inner.config.idle_timeout,
             shutdown,
         };
         transmission::run(reader, writer, buf, t).await

@@ -61,10 +61,25 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
         let Some(slot) = gate.permits(gate.slots, 1, local).await? else { return Ok(None) };
         if self.buf.len() < REQUEST_HEADER_LEN {
             local.flush(gate.shared).await?;
-            let Some(filled) = gate.interruptible(fill(&mut self.reader, &mut self.buf, REQUEST_HEADER_LEN)).await
-            else {
-                return Ok(None);
+            // Idle: nothing in flight but the slot just taken for this request. The header wait
+            // runs in idle-timeout periods; the connection is closed at the end of a whole
+            // period in which nothing was in flight (so it was idle at least that long).
+            let in_flight = || gate.slots.available_permits() + 1 < gate.t.max_requests;
+            let mut busy_in_period = in_flight();
+            let filled = loop {
+                let header = fill(&mut self.reader, &mut self.buf, REQUEST_HEADER_LEN);
+                let Some(limit) = gate.t.idle_timeout else { break gate.interruptible(header).await };
+                match gate.interruptible(tokio::time::timeout(limit, header)).await {
+                    Some(Ok(filled)) => break Some(filled),
+                    None => break None,
+                    Some(Err(_)) if busy_in_period || in_flight() => busy_in_period = in_flight(),
+                    Some(Err(_)) => {
+                        debug!(?limit, "idle timeout: closing the connection");
+                        return Ok(None);
+                    }
+                }
             };
+            let Some(filled) = filled else { return Ok(None) };
             if !filled? {
                 debug!("client closed the connection");
                 return Ok(None);

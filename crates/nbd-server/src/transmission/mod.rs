@@ -88,6 +88,8 @@ pub(crate) struct Transmission {
     pub in_flight_bytes: Arc<Semaphore>,
     pub in_flight_pool_bytes: usize,
     pub max_requests: usize,
+    /// `ServerConfig::idle_timeout`.
+    pub idle_timeout: Option<std::time::Duration>,
     pub shutdown: CancellationToken,
 }
 

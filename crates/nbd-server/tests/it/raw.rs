@@ -1131,3 +1131,28 @@ async fn stalled_clients_do_not_starve_a_normal_one() {
     drop(stalled);
     server.stop().await.unwrap();
 }
+
+/// With `idle_timeout`, a connection that sends nothing is closed; one whose request is still
+/// in flight is not, however long the device takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let device = GatedDevice::new(16 << 20);
+    let config = ServerConfig { idle_timeout: Some(Duration::from_millis(300)), ..ServerConfig::default() };
+    let server = ServerHandle::start(vec![Export::new("gated", device.clone())], config).await;
+    let mut idle = Raw::connect(&server).await;
+    idle.go("gated", false, None).await;
+    let since = Instant::now();
+    idle.expect_closed().await;
+    assert!(since.elapsed() >= Duration::from_millis(250), "closed too early: {:?}", since.elapsed());
+
+    let mut busy = Raw::connect(&server).await;
+    busy.go("gated", false, None).await;
+    busy.request(0, cmd::READ, 1, 0, 4096, &[]).await;
+    device.wait_arrived(1).await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    device.release(0);
+    let (error, cookie, _) = busy.simple_reply(4096).await;
+    assert_eq!((error, cookie), (0, 1), "a request in flight keeps the connection");
+    busy.expect_closed().await;
+    server.stop().await.unwrap();
+}
