@@ -7,6 +7,7 @@ mod bench;
 mod cli_errors;
 mod crash;
 mod ctl_rebuild;
+mod fairness;
 mod metrics;
 mod serve_clients;
 mod service;
