@@ -228,6 +228,8 @@ impl<M: Member + ?Sized> Array<M> {
         if self.is_read_only() {
             return Ok(Step::Idle);
         }
+        // Counted like a write for the shutdown's drain; nothing runs once it has begun.
+        let Some(_in_flight) = self.quiesce.enter() else { return Ok(Step::Idle) };
         if let Some(step) = self.assign_spare().await? {
             return Ok(step);
         }

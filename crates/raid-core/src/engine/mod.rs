@@ -33,6 +33,7 @@ mod maintenance;
 mod membership;
 mod metadata;
 mod mirror;
+mod quiesce;
 mod read_data;
 mod scrub;
 mod slot;
@@ -110,6 +111,8 @@ pub struct Array<M: Member + ?Sized> {
     intent: Option<intent::WriteIntent>,
     /// Nothing is written to the members: no data, no metadata, no background work.
     read_only: AtomicBool,
+    /// Writes in flight, and the stop that waits for them (quiesce.rs).
+    quiesce: quiesce::Quiesce,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -171,6 +174,7 @@ impl<M: Member + ?Sized> Array<M> {
             client_io_bytes: AtomicU64::new(0),
             intent: None,
             read_only: AtomicBool::new(false),
+            quiesce: quiesce::Quiesce::default(),
         })
     }
 
@@ -226,6 +230,15 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
+    /// Counts a client write in for the shutdown's drain (see quiesce.rs), or refuses it when
+    /// the array is stopping.
+    fn enter_write(&self, what: &str) -> Result<quiesce::WriteGuard<'_>> {
+        self.check_writable(what)?;
+        self.quiesce
+            .enter()
+            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("{what}: the array is shutting down")))
+    }
+
     /// The metadata store's summary (`None` without metadata).
     pub fn metadata_summary(&self) -> Option<MetadataSummary> {
         self.metadata.as_ref().map(|m| m.lock().expect("metadata lock").summary())
@@ -248,7 +261,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Writes `data` at `offset_bytes`; with `fua` it is durable on return.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.check_writable("write")?;
+        let _in_flight = self.enter_write("write")?;
         self.check_io(offset_bytes, data.len() as u64, true)?;
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
@@ -265,7 +278,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// (deallocating when `may_deallocate`); partial stripes are written with zeros so
     /// parity stays consistent.
     pub async fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> Result<()> {
-        self.check_writable("write zeroes")?;
+        let _in_flight = self.enter_write("write zeroes")?;
         self.check_io(offset_bytes, len_bytes, false)?;
         self.ensure_dirty().await?;
         self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, may_deallocate, fua, false).await
@@ -275,7 +288,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// every member so parity stays consistent; the rest is left alone (TRIM is a hint).
     /// Discarded ranges read back as zeros.
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        self.check_writable("trim")?;
+        let _in_flight = self.enter_write("trim")?;
         self.check_io(offset_bytes, len_bytes, false)?;
         self.ensure_dirty().await?;
         self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, true, fua, true).await
@@ -305,10 +318,14 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Orderly stop: flush, then record "clean" in the superblocks (or, when a resync
     /// after an unclean stop has not finished, how far it got, as md does).
+    ///
+    /// Writes still in flight (client writes, a background step) are waited for first, and
+    /// new ones are refused from then on: the clean mark never precedes a write.
     pub async fn shutdown(&self) -> Result<()> {
         if self.is_read_only() {
             return Ok(());
         }
+        self.quiesce.stop_and_drain().await;
         self.flush().await?;
         if self.dirty.load(Ordering::Acquire) {
             let _g = self.locks.lock(META_LOCK_KEY).await;
