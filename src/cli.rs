@@ -209,8 +209,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
                         systemd-socket-activate, nbdinfo [ raidnbd serve ... ]), serve takes the \
                         sockets it is given and ignores --listen.\n\n\
                         Events (--on-event CMD): CMD runs as `CMD EVENT EXPORT [MEMBER]` (like \
-                        mdadm --monitor --program) for Fail, DegradedArray, RebuildStarted, \
-                        RebuildFinished, SpareActive, CheckStarted, CheckFinished.")]
+                        mdadm --monitor --program) for Fail, DegradedArray, RebuildStarted and \
+                        RebuildFinished (also for resync, check and repair, as mdadm), SpareActive.")]
 pub struct ServeArgs {
     /// Where to listen: HOST:PORT or unix:PATH; repeat for several [default: 127.0.0.1:10809].
     #[arg(long, value_name = "ADDR")]

@@ -78,12 +78,7 @@ pub async fn serve(control: Arc<Control>, path: &Path) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            bail!("control socket {} is in use by another raidnbd", path.display());
-        }
-        std::fs::remove_file(path).with_context(|| format!("cannot remove stale {}", path.display()))?;
-    }
+    crate::listen::remove_stale_socket(path, "the control socket is in use by another raidnbd")?;
     let listener =
         UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
@@ -261,6 +256,7 @@ fn status(export: &ControlledExport) -> Value {
         "layout": describe_layout(array.geometry()),
         "size_bytes": array.size_bytes(),
         "state": state,
+        "read_only": array.is_read_only(),
         "roles": roles.iter().map(|r| json!({
             "role": r.role,
             "member": r.name,

@@ -47,14 +47,17 @@ const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// True while an export has background work running or about to run: a resync still to do,
 /// a role recovering (assigned a spare, its first step not taken yet), or a degraded array
 /// with a spare (the worker assigns it at its next step): so `ctl add` followed at once by
-/// `ctl wait` waits for that rebuild.
+/// `ctl wait` waits for that rebuild. Read-only arrays never count (they run nothing).
 fn busy(exports: &Value, only: Option<&str>) -> bool {
     exports.as_array().into_iter().flatten().filter(|e| only.is_none_or(|n| e["name"] == json!(n))).any(|e| {
         let states: Vec<&Value> = e["roles"].as_array().into_iter().flatten().map(|r| &r["state"]).collect();
         let degraded = states.iter().any(|s| **s != json!("in_sync"));
         let recovering = states.iter().any(|s| **s == json!("recovering"));
         let has_spare = e["spares"].as_array().is_some_and(|s| !s.is_empty());
-        !e["work"].is_null() || e["resync_pending"] == json!(true) || recovering || (degraded && has_spare)
+        // A read-only array runs no background work: nothing to wait for.
+        let read_only = e["read_only"] == json!(true);
+        !read_only
+            && (!e["work"].is_null() || e["resync_pending"] == json!(true) || recovering || (degraded && has_spare))
     })
 }
 

@@ -4,7 +4,7 @@
 //! sd_listen_fds(3)); those take the place of `--listen`.
 
 use std::os::fd::{FromRawFd, RawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use tokio::net::{TcpListener, UnixListener};
@@ -58,13 +58,7 @@ async fn bind(addr: &ListenAddr) -> Result<Bound> {
             Ok(Bound::Tcp(TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a}"))?))
         }
         ListenAddr::Unix(path) => {
-            if path.exists() {
-                if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                    bail!("cannot listen on unix:{}: another server answers there", path.display());
-                }
-                // A socket left behind by a server that died.
-                std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
-            }
+            remove_stale_socket(path, "another server answers there")?;
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
             }
@@ -73,6 +67,21 @@ async fn bind(addr: &ListenAddr) -> Result<Bound> {
             Ok(Bound::Unix { listener, path: path.clone(), remove: true })
         }
     }
+}
+
+/// Makes way for binding a Unix socket at `path`: nothing there is fine; a socket nobody
+/// answers on (left by a server that died) is removed; a live socket (`in_use` says whose) or
+/// anything that is not a socket is an error, and is left alone.
+pub fn remove_stale_socket(path: &Path, in_use: &str) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    if !meta.file_type().is_socket() {
+        bail!("{} exists and is not a socket: not removing it", path.display());
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!("{}: {in_use}", path.display());
+    }
+    std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))
 }
 
 /// The sockets passed by socket activation (none when LISTEN_PID is not ours).

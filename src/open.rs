@@ -96,9 +96,10 @@ pub struct OpenedArray {
 
 /// Opens `paths`, assembles the array they form, and starts it.
 ///
-/// A named member that does not exist or cannot be opened (a dead disk whose device node
-/// vanished) counts as absent, with a warning: the array starts degraded if redundancy
-/// allows, so one dead disk is not an outage at the next start. `require_all` refuses instead.
+/// A named member that is not there (no such file or device node, a disk that is gone) counts
+/// as absent, with a warning: the array starts degraded if redundancy allows, so one dead
+/// disk is not an outage at the next start. Other open errors (permissions, busy) fail.
+/// `require_all` refuses any degraded start instead (also for members found by `--scan`).
 /// A dirty, degraded raid4/5/6 (the write hole) is opened read-only unless `force`.
 pub async fn open_array(
     paths: &[String],
@@ -116,12 +117,15 @@ pub async fn open_array(
     for path in paths {
         let member = match open_member(path, options) {
             Ok(m) => m,
-            Err(e) if !require_all => {
+            Err(e) if !require_all && is_gone(&e) => {
                 tracing::warn!("member {path} is absent ({e:#}): assembling without it");
                 absent.push(path.clone());
                 continue;
             }
-            Err(e) => return Err(e.context("--require-all: every member must open")),
+            Err(e) if is_gone(&e) => return Err(e.context("--require-all: every member must be there")),
+            // Anything else (permissions, busy, too many files) is a problem to fix, not a dead
+            // disk: starting degraded would put a healthy member out of date.
+            Err(e) => return Err(e),
         };
         let area = read_superblock_area(member.as_ref()).await?;
         candidates.push(Candidate::from_bytes(path.clone(), member.len_bytes(), &area));
@@ -136,6 +140,9 @@ pub async fn open_array(
     for notice in &assembly.notices {
         tracing::warn!("{notice}");
     }
+    if require_all && assembly.degraded {
+        bail!("--require-all: array {} is missing roles {:?}", assembly.metadata.name(), assembly.missing_roles);
+    }
     let start_options = md::StartOptions { read_only: options.read_only, force };
     let started = md::start(&assembly, &members, start_options).await.map_err(anyhow::Error::new)?;
     Ok(OpenedArray {
@@ -144,6 +151,15 @@ pub async fn open_array(
         paths: opened_paths,
         absent,
         forced_read_only: started.forced_read_only,
+    })
+}
+
+/// Whether an open failed because the member is not there at all (no such file or device,
+/// a device node whose disk is gone): the cases a dead disk causes.
+fn is_gone(error: &anyhow::Error) -> bool {
+    error.chain().filter_map(|c| c.downcast_ref::<std::io::Error>()).any(|io| {
+        io.kind() == std::io::ErrorKind::NotFound
+            || matches!(io.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT))
     })
 }
 

@@ -135,6 +135,13 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
         on_event: args.on_event.clone().or_else(|| file.on_event.clone()),
         server: {
             let defaults = ServerConfig::default();
+            if args.handshake_timeout.or(file.handshake_timeout) == Some(0)
+                || args.idle_timeout.or(file.idle_timeout) == Some(0)
+            {
+                bail!(
+                    "--handshake-timeout and --idle-timeout take at least 1 second (leave --idle-timeout out for never)"
+                );
+            }
             let handshake = args.handshake_timeout.or(file.handshake_timeout);
             ServerConfig {
                 handshake_timeout: handshake.map_or(defaults.handshake_timeout, Duration::from_secs),
@@ -285,11 +292,19 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         }
         task.abort();
     }
+    // Every array is shut down even if one fails; the first error is reported.
+    let mut shutdown_error = None;
     for array in &arrays {
-        array.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+        if let Err(e) = array.shutdown().await {
+            tracing::error!("shutdown: {e}");
+            shutdown_error.get_or_insert(e);
+        }
     }
     if let Some(e) = cache_error {
         bail!("cached writes could not be written to the members: {e}");
+    }
+    if let Some(e) = shutdown_error {
+        bail!("{e}");
     }
     served.map_err(|e| anyhow!("{e}"))?;
     tracing::info!("stopped cleanly");
@@ -300,7 +315,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 async fn join_servers(serving: &mut tokio::task::JoinSet<nbd_server::Result<()>>) -> nbd_server::Result<()> {
     let mut result = Ok(());
     while let Some(joined) = serving.join_next().await {
-        if let Ok(Err(e)) = joined {
+        let served = joined.unwrap_or_else(|e| Err(nbd_server::Error::Io(std::io::Error::other(e))));
+        if let Err(e) = served {
             result = result.and(Err(e));
         }
     }

@@ -238,6 +238,12 @@ fn listens_on_a_unix_socket_and_tcp_at_once() {
     assert!(size_tcp.trim().parse::<u64>().unwrap() > 30 << 20);
     served.stop();
     assert!(!sock.exists(), "unix socket removed at stop");
+    // A regular file where the socket should go is an error, and is left alone.
+    let regular = d.join("regular");
+    std::fs::write(&regular, b"keep me").unwrap();
+    let out = raidnbd(d, &["serve", "--listen", &format!("unix:{}", regular.display()), "m0", "m1"]);
+    assert_user_error(&out, "is not a socket");
+    assert_eq!(std::fs::read(&regular).unwrap(), b"keep me");
 }
 
 /// Socket activation: systemd-socket-activate passes a listening TCP socket; nbdinfo's
@@ -346,6 +352,12 @@ fn a_missing_member_starts_the_array_degraded_with_intact_data() {
         &["serve", "--require-all", "--listen", &format!("127.0.0.1:{}", free_port()), "m0", "m1", "m2", "m3"],
     );
     assert_user_error(&out, "m2");
+
+    // Something there that cannot be a member (a directory) is an error, not an absent disk.
+    std::fs::create_dir(d.join("m2")).unwrap();
+    let out = raidnbd(d, &["serve", "--listen", &format!("127.0.0.1:{}", free_port()), "m0", "m1", "m2", "m3"]);
+    assert_user_error(&out, "m2");
+    std::fs::remove_dir(d.join("m2")).unwrap();
 
     let served = Served::start(d, "data", &[], &["m0", "m1", "m2", "m3"]);
     assert_eq!(digest(&served.uri("data"), 0, 16 << 20), before, "degraded array serves the same bytes");
@@ -528,6 +540,10 @@ fn command_line_flags_override_the_config_file() {
     let out = Command::new("nbdinfo").args(["--is", "read-only", &served.uri("data")]).output().unwrap();
     assert!(out.status.success(), "read_only from the file applies");
     served.stop();
+    for flag in ["--idle-timeout", "--handshake-timeout"] {
+        let out = raidnbd(d, &["serve", flag, "0", "--config", config.to_str().unwrap()]);
+        assert_user_error(&out, "at least 1 second");
+    }
 }
 
 /// Completions and man pages come from the CLI definition.
@@ -571,4 +587,24 @@ fn systemd_units_verify() {
     let out = Command::new("systemd-analyze").arg("verify").arg("--man=no").args(&names).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && stderr.trim().is_empty(), "systemd-analyze verify: {stderr}");
+}
+
+/// `ctl wait` returns for a read-only array, which runs no background work even when its
+/// superblocks say a resync is due (it used to wait forever).
+#[test]
+fn ctl_wait_returns_for_a_read_only_array() {
+    let dir = tempdir();
+    let d = dir.path();
+    create(d, "1", "32M", &["m0", "m1"]);
+    let mut served = Served::start(d, "data", &[], &["m0", "m1"]);
+    run_ok(Command::new("qemu-io").args(["-f", "raw", &served.uri("data"), "-c", "write -P 0x11 0 1M"]));
+    served.child.kill().unwrap(); // dirty: a resync is due
+    served.child.wait().unwrap();
+    drop(served);
+    assert_eq!(examine_state(d, "m0"), "active");
+    let socket = d.join("c.sock");
+    let served = Served::start(d, "data", &["--read-only", "--control", socket.to_str().unwrap()], &["m0", "m1"]);
+    let out = raidnbd(d, &["ctl", "--socket", socket.to_str().unwrap(), "wait", "--timeout", "10"]);
+    assert_eq!(out.status.code(), Some(0), "wait on a read-only array: {out:?}");
+    served.stop();
 }
