@@ -61,15 +61,20 @@ impl<M: Member + ?Sized> Membership<M> {
         self.slots
             .iter()
             .enumerate()
-            .map(|(role, s)| RoleStatus {
-                role,
-                name: s.name(),
-                device_id: s.device().map(|d| d.id),
-                state: s.state(),
-                recovery_offset_sectors: (s.state() == SlotState::Recovering).then(|| s.recovery_offset_sectors()),
-                replacement: s
-                    .replacement()
-                    .map(|r| (r.device.member.name().to_string(), r.device.id, r.done_sectors.load(Ordering::Acquire))),
+            .map(|(role, s)| {
+                let (failures, last_failed) = s.failures();
+                RoleStatus {
+                    role,
+                    name: s.name(),
+                    device_id: s.device().map(|d| d.id),
+                    state: s.state(),
+                    recovery_offset_sectors: (s.state() == SlotState::Recovering).then(|| s.recovery_offset_sectors()),
+                    replacement: s.replacement().map(|r| {
+                        (r.device.member.name().to_string(), r.device.id, r.done_sectors.load(Ordering::Acquire))
+                    }),
+                    failures,
+                    last_failed,
+                }
             })
             .collect()
     }

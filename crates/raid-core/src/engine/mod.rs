@@ -92,6 +92,9 @@ pub struct RoleStatus {
     pub recovery_offset_sectors: Option<u64>,
     /// A replacement being built for this role: (name, device id, sectors copied).
     pub replacement: Option<(String, usize, u64)>,
+    /// Devices of this role that failed so far, and the name of the last one.
+    pub failures: u64,
+    pub last_failed: Option<String>,
 }
 
 /// A running RAID array over members of type `M` (often `dyn Member`).

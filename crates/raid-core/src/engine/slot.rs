@@ -91,6 +91,9 @@ pub(crate) struct Slot<M: ?Sized> {
     pub bitmap_recovery: AtomicBool,
     /// Bytes of reads in flight, for read balancing between copies.
     pub inflight_read_bytes: AtomicU64,
+    /// Devices of this role that failed so far, and the name of the last (for monitors).
+    failures: AtomicU64,
+    last_failed: RwLock<Option<String>>,
 }
 
 impl<M: Member + ?Sized> Slot<M> {
@@ -102,6 +105,8 @@ impl<M: Member + ?Sized> Slot<M> {
             replacement: RwLock::new(None),
             bitmap_recovery: AtomicBool::new(false),
             inflight_read_bytes: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            last_failed: RwLock::new(None),
         };
         if let Some(rm) = member {
             let device = Device { id: rm.device_id, member: rm.member, data_offset_bytes: rm.data_offset_bytes };
@@ -147,7 +152,18 @@ impl<M: Member + ?Sized> Slot<M> {
         if matches!(SlotState::from_u8(prev), SlotState::Missing) {
             self.state.store(SlotState::Missing as u8, Ordering::Release);
         }
-        matches!(SlotState::from_u8(prev), SlotState::InSync | SlotState::Recovering)
+        let failed = matches!(SlotState::from_u8(prev), SlotState::InSync | SlotState::Recovering);
+        if failed {
+            *self.last_failed.write().expect("slot lock") = self.name();
+            self.failures.fetch_add(1, Ordering::AcqRel);
+        }
+        failed
+    }
+
+    /// How often a device of this role has failed, and the name of the last one: a monitor
+    /// that polls sees every failure even when a spare took the role over in between.
+    pub fn failures(&self) -> (u64, Option<String>) {
+        (self.failures.load(Ordering::Acquire), self.last_failed.read().expect("slot lock").clone())
     }
 
     /// Records rebuild progress of a recovering slot: it only grows (a restart from an
