@@ -73,8 +73,9 @@ pub struct Control {
     pub exports: Vec<ControlledExport>,
 }
 
-/// Binds the socket (replacing a stale one) with mode 0600 and serves requests forever.
-pub async fn serve(control: Arc<Control>, path: &Path) -> Result<()> {
+/// Binds the control socket (replacing a stale one) with mode 0600. Done before the NBD
+/// sockets accept, so `raidnbd ctl` works as soon as the server answers NBD (and READY=1).
+pub fn bind(path: &Path) -> Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -83,6 +84,11 @@ pub async fn serve(control: Arc<Control>, path: &Path) -> Result<()> {
         UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     tracing::info!("control socket {}", path.display());
+    Ok(listener)
+}
+
+/// Serves requests on the bound control socket forever.
+pub async fn serve(control: Arc<Control>, listener: UnixListener) -> Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let control = control.clone();

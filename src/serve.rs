@@ -230,14 +230,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let (listeners, activated) = listen::listeners(&settings.listen).await?;
     let socket = settings.control.clone().unwrap_or_else(|| control::default_socket_for(&listeners));
     let control = Arc::new(Control { exports: controlled });
-    let control_task = {
-        let socket = socket.clone();
-        tokio::spawn(async move {
-            if let Err(e) = control::serve(control, &socket).await {
-                tracing::error!("control socket: {e:#}");
-            }
-        })
-    };
+    let control_listener = control::bind(&socket)?;
+    let control_task = tokio::spawn(async move {
+        if let Err(e) = control::serve(control, control_listener).await {
+            tracing::error!("control socket: {e:#}");
+        }
+    });
     let names: Vec<String> = listeners.iter().map(Bound::describe).collect();
     tracing::info!("listening on {}{}", names.join(", "), if activated { " (socket activation)" } else { "" });
     for line in &lines {

@@ -385,35 +385,60 @@ fn scan_assembles_the_members_that_carry_the_uuid() {
     assert!(log.contains("b0.img") && log.contains("b1.img") && !log.contains("a0.img"), "{log}");
 }
 
+/// A RAID1 `m0 m1` in a temporary directory, with a 32 MiB `spare` file, served as "data"
+/// with `--on-event` appending each event's arguments to `events.txt`.
+struct EventRig {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    served: Served,
+}
+
+impl EventRig {
+    fn start() -> Self {
+        let dir = tempdir();
+        let d = dir.path();
+        create(d, "1", "32M", &["m0", "m1"]);
+        std::fs::write(d.join("spare"), vec![0u8; 32 << 20]).unwrap();
+        let script = d.join("on-event.sh");
+        let events = d.join("events.txt");
+        std::fs::write(&script, format!("#!/bin/sh\necho \"$@\" >> {}\n", events.display())).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let socket = d.join("c.sock");
+        let served = Served::start(
+            d,
+            "data",
+            &["--on-event", script.to_str().unwrap(), "--control", socket.to_str().unwrap()],
+            &["m0", "m1"],
+        );
+        EventRig { dir, socket, served }
+    }
+
+    fn ctl(&self, args: &[&str]) -> std::process::Output {
+        let mut full = vec!["ctl", "--socket", self.socket.to_str().unwrap()];
+        full.extend_from_slice(args);
+        raidnbd(self.dir.path(), &full)
+    }
+
+    fn events(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("events.txt")).unwrap_or_default()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name).canonicalize().unwrap()
+    }
+}
+
 /// `--on-event CMD` runs CMD with mdadm --program's events: a `ctl fail` gives
 /// `Fail EXPORT MEMBER`; a spare added gives RebuildStarted, then SpareActive and
 /// RebuildFinished. `ctl wait` blocks until the rebuild has ended (`--timeout` gives up
 /// with exit 1 while it runs).
 #[test]
 fn on_event_and_ctl_wait_follow_a_failure_and_a_rebuild() {
-    let dir = tempdir();
-    let d = dir.path();
-    create(d, "1", "32M", &["m0", "m1"]);
-    std::fs::write(d.join("spare"), vec![0u8; 32 << 20]).unwrap();
-    let events = d.join("events.txt");
-    let script = d.join("on-event.sh");
-    std::fs::write(&script, format!("#!/bin/sh\necho \"$@\" >> {}\n", events.display())).unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let socket = d.join("c.sock");
-    let served = Served::start(
-        d,
-        "data",
-        &["--on-event", script.to_str().unwrap(), "--control", socket.to_str().unwrap()],
-        &["m0", "m1"],
-    );
-    let ctl = |args: &[&str]| {
-        let mut full = vec!["ctl", "--socket", socket.to_str().unwrap()];
-        full.extend_from_slice(args);
-        raidnbd(d, &full)
-    };
-    let m1 = d.join("m1").canonicalize().unwrap();
+    let rig = EventRig::start();
+    let ctl = |args: &[&str]| rig.ctl(args);
+    let m1 = rig.path("m1");
     assert_ok(&ctl(&["fail", "m1"]));
-    let read_events = || std::fs::read_to_string(&events).unwrap_or_default();
+    let read_events = || rig.events();
     wait_until("the Fail event", Duration::from_secs(10), || read_events().contains("Fail"));
     assert!(read_events().lines().any(|l| l == format!("Fail data {}", m1.display())), "{}", read_events());
     assert_ok(&ctl(&["remove", "m1"]));
@@ -429,7 +454,7 @@ fn on_event_and_ctl_wait_follow_a_failure_and_a_rebuild() {
     assert!(s["work"].is_null(), "wait returned with no work running: {s:#}");
     assert!(s["roles"].as_array().unwrap().iter().all(|r| r["state"] == "in_sync"), "{s:#}");
     assert!(started.elapsed() > Duration::from_secs(1), "wait waited for the rebuild");
-    let spare = d.join("spare").canonicalize().unwrap();
+    let spare = rig.path("spare");
     wait_until("RebuildFinished", Duration::from_secs(10), || read_events().contains("RebuildFinished"));
     let text = read_events();
     for want in [
@@ -439,7 +464,7 @@ fn on_event_and_ctl_wait_follow_a_failure_and_a_rebuild() {
     ] {
         assert!(text.lines().any(|l| l == want), "missing {want:?} in:\n{text}");
     }
-    served.stop();
+    rig.served.stop();
 }
 
 /// `detail --test` exits as `mdadm --detail --test`: 0 healthy, 1 degraded, 2 unusable,
@@ -607,4 +632,19 @@ fn ctl_wait_returns_for_a_read_only_array() {
     let out = raidnbd(d, &["ctl", "--socket", socket.to_str().unwrap(), "wait", "--timeout", "10"]);
     assert_eq!(out.status.code(), Some(0), "wait on a read-only array: {out:?}");
     served.stop();
+}
+
+/// With a hot spare the failed role is given to the spare at once, between two polls of the
+/// monitor; `Fail` is still reported (the engine counts failures), with the failed member.
+#[test]
+fn on_event_reports_a_fail_even_when_a_hot_spare_takes_over() {
+    let rig = EventRig::start();
+    for args in [&["add", "spare"][..], &["fail", "m1"], &["wait"]] {
+        assert_ok(&rig.ctl(args));
+    }
+    let m1 = rig.path("m1");
+    let read_events = || rig.events();
+    wait_until("the Fail event", Duration::from_secs(10), || read_events().contains("Fail"));
+    assert!(read_events().lines().any(|l| l == format!("Fail data {}", m1.display())), "{}", read_events());
+    rig.served.stop();
 }
