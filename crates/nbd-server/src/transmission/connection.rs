@@ -65,7 +65,7 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
             // runs in idle-timeout periods; the connection is closed at the end of a whole
             // period in which nothing was in flight (so it was idle at least that long).
             let in_flight = || gate.slots.available_permits() + 1 < gate.t.max_requests;
-            let mut busy_in_period = in_flight();
+            let mut busy_in_period = gate.t.idle_timeout.is_some() && in_flight();
             let filled = loop {
                 let header = fill(&mut self.reader, &mut self.buf, REQUEST_HEADER_LEN);
                 let Some(limit) = gate.t.idle_timeout else { break gate.interruptible(header).await };
