@@ -18,7 +18,7 @@ set -euo pipefail
 
 PACKAGES=(fio libnbd-bin python3-libnbd nbdkit nbd-client nbd-server qemu-utils qemu-system-x86
           linux-image-amd64 busybox-static mdadm e2fsprogs fuse3 cpio kmod util-linux mount
-          coreutils tar gzip procps iproute2 systemd gnutls-bin openssl)
+          coreutils tar gzip procps iproute2 systemd gnutls-bin openssl libssl-dev pkg-config)
 
 # What the tests run -> the package that provides it, looked up on PATH and in the sbin
 # directories (where Debian puts mdadm and nbd-server).
@@ -33,7 +33,7 @@ REQUIRED_TOOLS=(
   fusermount3:fuse3 cpio:cpio depmod:kmod modprobe:kmod losetup:mount mount:mount umount:mount
   truncate:coreutils tar:tar gzip:gzip pkill:procps ip:iproute2
   systemd-analyze:systemd systemd-socket-activate:systemd
-  certtool:gnutls-bin psktool:gnutls-bin openssl:openssl
+  certtool:gnutls-bin psktool:gnutls-bin openssl:openssl pkg-config:pkg-config
 )
 # Debian's python (python3 on PATH may be another) with libnbd's module, and a kernel for the
 # VM rig; variables so that the test can point them elsewhere.
@@ -111,6 +111,11 @@ check_tools() {
   done
   if ! "$INSTALL_DEPS_PYTHON" -c 'import nbd' 2>/dev/null; then
     echo "install-deps: missing python module nbd for $INSTALL_DEPS_PYTHON: apt-get install python3-libnbd" >&2
+    missing=1
+  fi
+  # The build links OpenSSL (TLS with pre-shared keys).
+  if ! pkg-config --exists openssl 2>/dev/null; then
+    echo "install-deps: missing OpenSSL's headers for the build: apt-get install libssl-dev" >&2
     missing=1
   fi
   if ! ls "$INSTALL_DEPS_BOOT"/vmlinuz-* >/dev/null 2>&1; then

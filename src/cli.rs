@@ -199,6 +199,18 @@ impl std::fmt::Display for ListenAddr {
     }
 }
 
+/// `--tls`: nbdkit's modes.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// Plaintext only: STARTTLS is refused.
+    #[default]
+    Off,
+    /// TLS offered; clients may stay plaintext (exports with `tls = "require"` excepted).
+    On,
+    /// Every client must start TLS before anything else.
+    Require,
+}
+
 /// The address `serve` listens on when neither the flags nor the config name one.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
@@ -264,6 +276,27 @@ pub struct ServeArgs {
     /// [default: never; the kernel client keeps idle connections open].
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
+    /// TLS: off, on (offered) or require (before anything else) [default: off].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls: Option<TlsMode>,
+    /// X.509: a directory with server-cert.pem and server-key.pem (and ca-cert.pem for
+    /// --tls-verify-peer), the layout nbdkit, qemu and nbd-server use.
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Require a client certificate that chains to ca-cert.pem.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+    /// Pre-shared keys instead of certificates: psktool's `identity:hexkey` lines.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// With TLS: serve the export only to this client (a DNS name of its verified certificate,
+    /// or its PSK identity); repeat for several.
+    #[arg(long, value_name = "NAME")]
+    pub tls_peer: Vec<String>,
+    /// Accept TCP connections only from ADDRESS or ADDRESS/PREFIX (e.g. 10.0.0.0/8); repeat
+    /// for several. Others are closed at accept and logged. Unix sockets are not affected.
+    #[arg(long, value_name = "ADDRESS/PREFIX")]
+    pub allow: Vec<nbd_server::AddressRange>,
     /// Member files or block devices, in any order.
     #[arg(value_name = "MEMBER")]
     pub members: Vec<String>,

@@ -14,6 +14,11 @@
 //! on_event = "/usr/local/sbin/raidnbd-event"
 //! handshake_timeout = 10   # seconds
 //! idle_timeout = 600       # seconds; default: never
+//! tls = "require"          # off | on | require (per export: on | require)
+//! tls_certificates = "/etc/raidnbd/pki"   # server-cert.pem, server-key.pem, ca-cert.pem
+//! tls_verify_peer = true
+//! tls_psk = "/etc/raidnbd/keys.psk"       # instead of tls_certificates
+//! allow = ["10.0.0.0/8", "::1"]
 //! io = "auto"              # auto | uring | threads | inline (also per export)
 //! member_bw = "20M"        # optional throttle per member, bytes/s (also per export)
 //! member_iops = 200        # (also per export)
@@ -23,6 +28,7 @@
 //! [[export]]
 //! name = "fast"
 //! members = ["/dev/vdb", "/dev/vdc"]   # or: uuid = "..." with scan = "/dev/disk/by-id/*"
+//! tls_peer = ["client1.example"]       # with TLS: only these clients (also --tls-peer)
 //! ```
 
 use std::net::SocketAddr;
@@ -32,7 +38,9 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use serde::Deserialize;
 
-use crate::cli::{CacheMode, IoEngine, ListenAddr};
+use nbd_server::AddressRange;
+
+use crate::cli::{CacheMode, IoEngine, ListenAddr, TlsMode};
 use crate::size::parse_size;
 
 #[derive(Debug, Deserialize, Default)]
@@ -54,6 +62,11 @@ pub struct ConfigFile {
     pub member_bw: Option<String>,
     pub member_iops: Option<u64>,
     pub buffered: Option<bool>,
+    pub tls: Option<String>,
+    pub tls_certificates: Option<PathBuf>,
+    pub tls_verify_peer: Option<bool>,
+    pub tls_psk: Option<PathBuf>,
+    pub allow: Option<Vec<String>>,
     #[serde(rename = "export", default)]
     pub exports: Vec<ExportConfig>,
 }
@@ -90,9 +103,22 @@ pub struct ExportConfig {
     pub member_bw: Option<String>,
     pub member_iops: Option<u64>,
     pub buffered: Option<bool>,
+    /// `on` (the default) or `require`: this export only over TLS.
+    pub tls: Option<String>,
+    #[serde(default)]
+    pub tls_peer: Vec<String>,
 }
 
 impl ExportConfig {
+    /// Whether `tls = "require"` is set on this export.
+    pub fn tls_required(&self) -> Result<bool> {
+        match self.tls.as_deref() {
+            None | Some("on") => Ok(false),
+            Some("require") => Ok(true),
+            Some(other) => bail!("export {}: tls = {other:?}: per export use on or require", self.name),
+        }
+    }
+
     /// This export's member keys, the unset ones from the file's top level.
     pub fn keys(&self, file: &ConfigFile) -> MemberKeys {
         MemberKeys {
@@ -123,6 +149,18 @@ impl ConfigFile {
                     .map_err(|_| anyhow::anyhow!("cache = {v:?}: use writethrough or writeback"))
             })
             .transpose()
+    }
+
+    pub fn tls(&self) -> Result<Option<TlsMode>> {
+        self.tls
+            .as_deref()
+            .map(|v| TlsMode::from_str(v, false).map_err(|_| anyhow::anyhow!("tls = {v:?}: use off, on or require")))
+            .transpose()
+    }
+
+    pub fn allow(&self) -> Result<Vec<AddressRange>> {
+        let list = self.allow.as_deref().unwrap_or_default();
+        list.iter().map(|a| a.parse().map_err(|e: String| anyhow::anyhow!("allow: {e}"))).collect()
     }
 
     pub fn cache_size_bytes(&self) -> Result<Option<u64>> {
@@ -232,7 +270,7 @@ mod tests {
             #[command(flatten)]
             serve: crate::cli::ServeArgs,
         }
-        let per_export = ["export", "members", "uuid", "scan"];
+        let per_export = ["export", "members", "uuid", "scan", "tls_peer"];
         // Not settings: the file itself, and the hidden testing switch.
         let not_keys = ["config", "fault_injection", "help"];
         let command = Wrapper::command();
@@ -257,9 +295,9 @@ mod tests {
 
     fn sample_value(key: &str) -> &'static str {
         match key {
-            "read_only" | "force" | "require_all" | "buffered" => "true",
+            "read_only" | "force" | "require_all" | "buffered" | "tls_verify_peer" => "true",
             "member_iops" | "handshake_timeout" | "idle_timeout" => "5",
-            "listen" | "members" => "[\"127.0.0.1:1\"]",
+            "listen" | "members" | "tls_peer" | "allow" => "[\"127.0.0.1:1\"]",
             "metrics" => "\"127.0.0.1:9\"",
             _ => "\"x\"",
         }

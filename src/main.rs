@@ -28,6 +28,7 @@ mod shutdown;
 mod signature;
 mod size;
 mod timefmt;
+mod tls;
 
 use std::process::ExitCode;
 

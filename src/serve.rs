@@ -37,6 +37,10 @@ struct ExportPlan {
     /// Member paths, or how to find them by identity.
     members: MemberSource,
     options: MemberOpenOptions,
+    /// Served only over TLS (`tls = "require"` on the export).
+    tls_required: bool,
+    /// With TLS, the only clients it is open to.
+    tls_peers: Vec<String>,
 }
 
 enum MemberSource {
@@ -64,6 +68,7 @@ struct Settings {
     metrics: Option<SocketAddr>,
     on_event: Option<String>,
     server: ServerConfig,
+    tls: Option<nbd_server::Tls>,
     exports: Vec<ExportPlan>,
 }
 
@@ -99,7 +104,8 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
                 _ => MemberSource::Paths(e.members.clone()),
             };
             let options = member_options(&e.keys(&file)).map_err(|err| anyhow!("export {}: {err}", e.name))?;
-            out.push(ExportPlan { name: e.name.clone(), members, options });
+            let tls_peers = if args.tls_peer.is_empty() { e.tls_peer.clone() } else { args.tls_peer.clone() };
+            out.push(ExportPlan { name: e.name.clone(), members, options, tls_required: e.tls_required()?, tls_peers });
         }
         out
     } else {
@@ -116,7 +122,8 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
             _ => MemberSource::Paths(args.members.clone()),
         };
         let name = args.export.clone().unwrap_or_default();
-        vec![ExportPlan { name, members, options: member_options(&config::MemberKeys::default())? }]
+        let options = member_options(&config::MemberKeys::default())?;
+        vec![ExportPlan { name, members, options, tls_required: false, tls_peers: args.tls_peer.clone() }]
     };
     let listen = if !args.listen.is_empty() {
         args.listen.clone()
@@ -146,9 +153,11 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
             ServerConfig {
                 handshake_timeout: handshake.map_or(defaults.handshake_timeout, Duration::from_secs),
                 idle_timeout: args.idle_timeout.or(file.idle_timeout).map(Duration::from_secs),
+                allowed_addresses: if args.allow.is_empty() { file.allow()? } else { args.allow.clone() },
                 ..defaults
             }
         },
+        tls: crate::tls::resolve(args, &file)?,
         exports,
     })
 }
@@ -215,7 +224,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             if read_only { ", READ-ONLY" } else { "" }
         ));
         let device = crate::metrics::instrument(metrics.as_ref(), &plan.name, &opened.array, device);
-        exports.push(Export::new(plan.name.clone(), device));
+        exports.push(
+            Export::new(plan.name.clone(), device).require_tls(plan.tls_required).tls_peers(plan.tls_peers.clone()),
+        );
         let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
         watched.push(Watched { export: plan.name.clone(), array: opened.array.clone() });
         controlled.push(ControlledExport {
@@ -226,7 +237,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         });
         arrays.push(opened.array);
     }
-    let server = Server::new(exports, settings.server.clone()).map_err(|e| anyhow!("{e}"))?;
+    let server = Server::with_tls(exports, settings.server.clone(), settings.tls).map_err(|e| anyhow!("{e}"))?;
     let (listeners, activated) = listen::listeners(&settings.listen).await?;
     let socket = settings.control.clone().unwrap_or_else(|| control::default_socket_for(&listeners));
     let control = Arc::new(Control { exports: controlled });

@@ -11,4 +11,5 @@ mod fairness;
 mod metrics;
 mod serve_clients;
 mod service;
+mod tls;
 mod write_cache;

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::access::AddressRange;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::protocol::consts::{MAX_PAYLOAD_BYTES, MAX_STRING_BYTES};
@@ -22,11 +23,28 @@ pub struct Export {
     /// Shown by LIST and `NBD_INFO_DESCRIPTION`; when empty, the device's description is used.
     pub description: String,
     pub device: Arc<dyn BlockDevice>,
+    /// Served only over TLS, even when the server merely offers it.
+    pub tls_required: bool,
+    /// With TLS, the clients this export is open to: DNS names of verified client
+    /// certificates or PSK identities. Empty: every client the server accepts.
+    pub tls_peers: Vec<String>,
 }
 
 impl Export {
     pub fn new(name: impl Into<String>, device: Arc<dyn BlockDevice>) -> Self {
-        Self { name: name.into(), description: String::new(), device }
+        Self { name: name.into(), description: String::new(), device, tls_required: false, tls_peers: Vec::new() }
+    }
+
+    /// Serves this export only to clients that started TLS.
+    pub fn require_tls(mut self, required: bool) -> Self {
+        self.tls_required = required;
+        self
+    }
+
+    /// Opens this export only to these TLS peers (see [`Export::tls_peers`]).
+    pub fn tls_peers(mut self, names: Vec<String>) -> Self {
+        self.tls_peers = names;
+        self
     }
 
     pub fn with_description(mut self, description: impl Into<String>) -> Self {
@@ -68,6 +86,8 @@ pub struct ServerConfig {
     /// A connection in transmission with no request in flight and none arriving for this long
     /// is closed (`None`: never; the kernel client keeps idle connections open for good).
     pub idle_timeout: Option<Duration>,
+    /// IP peers outside these ranges are closed at accept (empty: any peer).
+    pub allowed_addresses: Vec<AddressRange>,
 }
 
 impl Default for ServerConfig {
@@ -79,6 +99,7 @@ impl Default for ServerConfig {
             max_requests_per_connection: 256,
             shutdown_grace: Duration::from_secs(30),
             idle_timeout: None,
+            allowed_addresses: Vec::new(),
         }
     }
 }
@@ -107,14 +128,18 @@ impl ServerConfig {
     }
 }
 
-/// Checks export names: unique, non-NUL, within the spec's string limit, at least one export.
-pub(crate) fn validate_exports(exports: &[Export]) -> Result<()> {
+/// Checks export names: unique, non-NUL, within the spec's string limit, at least one export;
+/// TLS rules only where TLS is offered (`tls`).
+pub(crate) fn validate_exports(exports: &[Export], tls: bool) -> Result<()> {
     if exports.is_empty() {
         return Err(Error::Config("at least one export is required".into()));
     }
     for (i, export) in exports.iter().enumerate() {
         if export.name.len() > MAX_STRING_BYTES || export.name.contains('\0') {
             return Err(Error::Config(format!("export name {:?} is not a valid NBD string", export.name)));
+        }
+        if !tls && (export.tls_required || !export.tls_peers.is_empty()) {
+            return Err(Error::Config(format!("export {:?} has TLS rules but the server has no TLS", export.name)));
         }
         if exports[..i].iter().any(|other| other.name == export.name) {
             return Err(Error::Config(format!("export name {:?} is used twice", export.name)));
@@ -141,13 +166,25 @@ mod tests {
         }
     }
 
+    fn validate_exports_plain(exports: &[Export]) -> Result<()> {
+        validate_exports(exports, false)
+    }
+
+    #[test]
+    fn tls_rules_need_tls() {
+        let device = Arc::new(MemoryDevice::new(4096));
+        let export = Export::new("a", device).require_tls(true);
+        assert!(validate_exports(std::slice::from_ref(&export), false).is_err());
+        assert!(validate_exports(&[export], true).is_ok());
+    }
+
     #[test]
     fn export_names_are_checked() {
         let device = Arc::new(MemoryDevice::new(4096));
-        assert!(validate_exports(&[]).is_err());
-        assert!(validate_exports(&[Export::new("a", device.clone()), Export::new("a", device.clone())]).is_err());
-        assert!(validate_exports(&[Export::new("a\0b", device.clone())]).is_err());
-        assert!(validate_exports(&[Export::new("x".repeat(4097), device.clone())]).is_err());
-        assert!(validate_exports(&[Export::new("", device.clone()), Export::new("b", device)]).is_ok());
+        assert!(validate_exports_plain(&[]).is_err());
+        assert!(validate_exports_plain(&[Export::new("a", device.clone()), Export::new("a", device.clone())]).is_err());
+        assert!(validate_exports_plain(&[Export::new("a\0b", device.clone())]).is_err());
+        assert!(validate_exports_plain(&[Export::new("x".repeat(4097), device.clone())]).is_err());
+        assert!(validate_exports_plain(&[Export::new("", device.clone()), Export::new("b", device)]).is_ok());
     }
 }

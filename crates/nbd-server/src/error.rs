@@ -28,6 +28,9 @@ pub enum Error {
     /// EXPORT_NAME named an export that does not exist (the spec demands a hard disconnect).
     #[error("client asked for unknown export {0:?}")]
     UnknownExport(String),
+    /// The TLS handshake after STARTTLS failed (wrong key, untrusted certificate, ...).
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
     #[error("invalid server configuration: {0}")]
     Config(String),
 }

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Export;
 use crate::device::{Extent, FileRange, ReadChunk};
-use crate::handshake::negotiate;
+use crate::handshake::{Policy, TlsState, negotiate};
 use crate::memory_device::MemoryDevice;
 use crate::protocol::consts::{MAX_PAYLOAD_BYTES, NBDMAGIC, OPTION_REPLY_MAGIC, cmd, reply_flags, reply_type};
 use crate::protocol::read_reply::{ReadFraming, read_reply};
@@ -94,7 +94,10 @@ pub fn handshake(input: &[u8]) {
     let mut stream = ScriptedStream { input: client_bytes, piece: usize::from(piece % 64) + 1, output: Vec::new() };
     let mut buf = BytesMut::new();
     let shutdown = CancellationToken::new();
-    let outcome = run_to_completion(negotiate(&mut stream, &mut buf, exports(), &shutdown));
+    // The piece byte's top bit picks a server that requires TLS, to reach those refusals too.
+    let tls = TlsState::Offered { required: piece & 0x80 != 0 };
+    let policy = Policy { exports: exports(), tls };
+    let outcome = run_to_completion(negotiate(&mut stream, &mut buf, &policy, &shutdown));
     let out = &stream.output;
     assert!(out.len() >= 18 && out[..8] == NBDMAGIC.to_be_bytes(), "greeting first");
     // After the greeting: option replies, possibly ending with an EXPORT_NAME reply.

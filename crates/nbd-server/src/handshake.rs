@@ -1,21 +1,30 @@
 //! The handshake phase: greeting, client flags, option haggling, until transmission starts
-//! (EXPORT_NAME or GO), the client aborts, or something ends the connection.
+//! (EXPORT_NAME or GO), TLS is to begin (STARTTLS), the client aborts, or something ends the
+//! connection.
 //!
-//! Generic over the stream so that STARTTLS can later swap `S` for a TLS stream (today
-//! STARTTLS is answered `ERR_POLICY`). Option data is capped at
-//! [`MAX_OPTION_DATA_BYTES`]; a longer option is refused with `ERR_TOO_BIG` — skipped without
-//! buffering up to [`MAX_SKIPPED_OPTION_BYTES`], beyond that answered at once and the
-//! connection closed (not read through). The caller bounds the whole phase with the handshake
-//! timeout.
+//! TLS follows the spec's TLS section: STARTTLS is answered ACK, then the caller runs the TLS
+//! handshake and calls [`haggle`] again on the TLS stream with fresh state: nothing negotiated
+//! before STARTTLS (structured replies, meta contexts) survives it (nbdkit's CVE-2021-3716
+//! was exactly that). Bytes the client sent after STARTTLS before the TLS handshake would be
+//! plaintext smuggled past the upgrade: the connection is closed. With TLS required
+//! (FORCEDTLS), every option before STARTTLS but ABORT is answered `ERR_TLS_REQD`, and
+//! EXPORT_NAME closes the connection; an export that requires TLS on a server that only
+//! offers it (SELECTIVETLS) is refused the same way. Once TLS is up, exports that name the
+//! peers they allow refuse others with `ERR_POLICY`.
+//!
+//! Option data is capped at [`MAX_OPTION_DATA_BYTES`]; a longer option is refused with
+//! `ERR_TOO_BIG` — skipped without buffering up to [`MAX_SKIPPED_OPTION_BYTES`], beyond that
+//! answered at once and the connection closed (not read through). The caller bounds the whole
+//! phase, TLS handshake included, with the handshake timeout.
 //!
 //! Behaviour per option (see `nbd-protocol.md` §1.4):
 //!
 //! | option | answer |
 //! |---|---|
-//! | EXPORT_NAME | size + flags (+124 zeroes unless NO_ZEROES); unknown export ⇒ close |
+//! | EXPORT_NAME | size + flags (+124 zeroes unless NO_ZEROES); unknown or refused export ⇒ close |
 //! | ABORT | ACK, then close |
 //! | LIST | one SERVER per export, ACK |
-//! | STARTTLS | ERR_POLICY (TLS not configured) |
+//! | STARTTLS | ACK (TLS offered), ERR_POLICY (no TLS), ERR_INVALID (TLS already up) |
 //! | INFO / GO | INFO(EXPORT, BLOCK_SIZE, NAME/DESCRIPTION if asked), ACK; unknown ⇒ ERR_UNKNOWN |
 //! | STRUCTURED_REPLY | ACK once, ERR_INVALID when repeated |
 //! | LIST/SET_META_CONTEXT | `base:allocation`; ERR_INVALID before STRUCTURED_REPLY |
@@ -39,6 +48,7 @@ use crate::protocol::handshake_codec::{
     server_reply_data,
 };
 use crate::read_buffer::{discard, fill, fill_exact};
+use crate::tls::PeerIdentity;
 
 /// The result of a successful negotiation.
 #[derive(Debug)]
@@ -54,6 +64,8 @@ pub(crate) struct Negotiated {
 #[derive(Debug)]
 pub(crate) enum Outcome {
     Transmission(Negotiated),
+    /// STARTTLS was acknowledged: the caller runs the TLS handshake, then [`haggle`] again.
+    StartTls,
     /// ABORT, a clean close between options, or server shutdown.
     Closed,
 }
@@ -61,6 +73,39 @@ pub(crate) enum Outcome {
 /// Finds the export a client means; `""` is the export named `""`, else the first one.
 pub(crate) fn find_export(exports: &[Export], name: &str) -> Option<usize> {
     exports.iter().position(|e| e.name == name).or(if name.is_empty() && !exports.is_empty() { Some(0) } else { None })
+}
+
+/// Where TLS stands on this connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TlsState<'a> {
+    /// The server has no TLS.
+    Unavailable,
+    /// TLS can be started; `required`: nothing but STARTTLS and ABORT is accepted before it.
+    Offered { required: bool },
+    /// TLS is up, with what it proved about the peer.
+    Established(&'a PeerIdentity),
+}
+
+/// What the server offers and to whom.
+#[derive(Clone, Copy)]
+pub(crate) struct Policy<'a> {
+    pub exports: &'a [Export],
+    pub tls: TlsState<'a>,
+}
+
+impl Policy<'_> {
+    /// Why export `index` is refused to this client now, if it is (reply type, message).
+    fn refusal(&self, index: usize) -> Option<(u32, String)> {
+        let export = &self.exports[index];
+        match self.tls {
+            TlsState::Unavailable => None,
+            TlsState::Offered { required } => (required || export.tls_required)
+                .then(|| (rep::ERR_TLS_REQD, format!("export {:?} requires TLS: send STARTTLS first", export.name))),
+            TlsState::Established(peer) => (!export.tls_peers.is_empty()
+                && !export.tls_peers.iter().any(|name| peer.is(name)))
+            .then(|| (rep::ERR_POLICY, format!("export {:?} is not open to this client", export.name))),
+        }
+    }
 }
 
 /// Negotiation state that options change.
@@ -72,28 +117,51 @@ struct State {
     meta_context_export: Option<usize>,
 }
 
-/// Runs the handshake on `stream`. Bytes the client sent after the final option stay in
-/// `buf` for the transmission phase.
+/// Runs the handshake on `stream` from the greeting on. Bytes the client sent after the
+/// final option stay in `buf` for the transmission phase.
 pub(crate) async fn negotiate<S>(
     stream: &mut S,
     buf: &mut BytesMut,
-    exports: &[Export],
+    policy: &Policy<'_>,
     shutdown: &CancellationToken,
 ) -> Result<Outcome>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    match greet(stream, buf).await? {
+        Some(flags) => haggle(stream, buf, flags, policy, shutdown).await,
+        None => Ok(Outcome::Closed),
+    }
+}
+
+/// Sends the greeting and reads the client's flags (`None`: the client closed).
+pub(crate) async fn greet<S>(stream: &mut S, buf: &mut BytesMut) -> Result<Option<ClientFlags>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     stream.write_all(&encode_greeting()).await?;
     stream.flush().await?;
-
-    let mut state = State::default();
     if !fill(stream, buf, 4).await? {
-        return Ok(Outcome::Closed);
+        return Ok(None);
     }
-    state.flags = decode_client_flags(buf)?.expect("4 bytes buffered");
+    let flags = decode_client_flags(buf)?.expect("4 bytes buffered");
     buf.advance(4);
-    debug!(fixed_newstyle = state.flags.fixed_newstyle, no_zeroes = state.flags.no_zeroes, "client flags");
+    debug!(fixed_newstyle = flags.fixed_newstyle, no_zeroes = flags.no_zeroes, "client flags");
+    Ok(Some(flags))
+}
 
+/// Option haggling, from a fresh state (the start, or just after the TLS handshake).
+pub(crate) async fn haggle<S>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    flags: ClientFlags,
+    policy: &Policy<'_>,
+    shutdown: &CancellationToken,
+) -> Result<Outcome>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut state = State { flags, ..State::default() };
     let mut out = BytesMut::with_capacity(4096);
     loop {
         let more = tokio::select! {
@@ -144,6 +212,18 @@ where
             continue;
         }
 
+        if matches!(policy.tls, TlsState::Offered { required: true })
+            && header.code != opt::ABORT
+            && header.code != opt::STARTTLS
+        {
+            if header.code == opt::EXPORT_NAME {
+                return Err(Error::protocol("EXPORT_NAME before STARTTLS on a server that requires TLS"));
+            }
+            put_option_error(&mut out, header.code, rep::ERR_TLS_REQD, "TLS is required: send STARTTLS first");
+            stream.write_all(&out).await?;
+            continue;
+        }
+
         let option = match parse_option(header.code, &data) {
             Ok(option) => option,
             Err(refusal) => {
@@ -159,10 +239,17 @@ where
             }
         };
 
-        let step = handle_option(header.code, option, &mut state, exports, &mut out)?;
+        let step = handle_option(header.code, option, &mut state, policy, &mut out)?;
         stream.write_all(&out).await?;
         match step {
             Step::Continue => {}
+            Step::StartTls => {
+                stream.flush().await?;
+                if !buf.is_empty() {
+                    return Err(Error::protocol("data after STARTTLS before the TLS handshake"));
+                }
+                return Ok(Outcome::StartTls);
+            }
             Step::Close => {
                 stream.flush().await?;
                 return Ok(Outcome::Closed);
@@ -177,6 +264,7 @@ where
 
 enum Step {
     Continue,
+    StartTls,
     Close,
     Transmission(Negotiated),
 }
@@ -186,12 +274,16 @@ fn handle_option(
     code: u32,
     option: ClientOption,
     state: &mut State,
-    exports: &[Export],
+    policy: &Policy<'_>,
     out: &mut BytesMut,
 ) -> Result<Step> {
+    let exports = policy.exports;
     match option {
         ClientOption::ExportName(name) => {
             let Some(index) = find_export(exports, &name) else { return Err(Error::UnknownExport(name)) };
+            if let Some((_, why)) = policy.refusal(index) {
+                return Err(Error::protocol(format!("EXPORT_NAME refused: {why}")));
+            }
             let negotiated = enter(index, state, exports);
             let a = &negotiated.advertised;
             put_export_name_reply(out, a.size_bytes, a.transmission_flags, state.flags.no_zeroes);
@@ -213,15 +305,25 @@ fn handle_option(
             put_option_reply(out, code, rep::ACK, &[]);
             Ok(Step::Continue)
         }
-        ClientOption::StartTls => {
-            put_option_error(out, code, rep::ERR_POLICY, "TLS is not configured on this server");
-            Ok(Step::Continue)
-        }
+        ClientOption::StartTls => match policy.tls {
+            TlsState::Unavailable => {
+                put_option_error(out, code, rep::ERR_POLICY, "TLS is not configured on this server");
+                Ok(Step::Continue)
+            }
+            TlsState::Established(_) => {
+                put_option_error(out, code, rep::ERR_INVALID, "TLS is already established");
+                Ok(Step::Continue)
+            }
+            TlsState::Offered { .. } => {
+                put_option_reply(out, code, rep::ACK, &[]);
+                Ok(Step::StartTls)
+            }
+        },
         ClientOption::Info(query) => {
-            answer_info(code, &query, state, exports, out);
+            answer_info(code, &query, state, policy, out);
             Ok(Step::Continue)
         }
-        ClientOption::Go(query) => match answer_info(code, &query, state, exports, out) {
+        ClientOption::Go(query) => match answer_info(code, &query, state, policy, out) {
             Some(index) => Ok(Step::Transmission(enter(index, state, exports))),
             None => Ok(Step::Continue),
         },
@@ -265,11 +367,22 @@ fn enter(index: usize, state: &State, exports: &[Export]) -> Negotiated {
 }
 
 /// Answers INFO or GO; returns the export index on success (ACK sent).
-fn answer_info(code: u32, query: &ExportQuery, state: &State, exports: &[Export], out: &mut BytesMut) -> Option<usize> {
+fn answer_info(
+    code: u32,
+    query: &ExportQuery,
+    state: &State,
+    policy: &Policy<'_>,
+    out: &mut BytesMut,
+) -> Option<usize> {
+    let exports = policy.exports;
     let Some(index) = find_export(exports, &query.name) else {
         put_option_error(out, code, rep::ERR_UNKNOWN, &format!("no export named {:?}", query.name));
         return None;
     };
+    if let Some((reply_type, why)) = policy.refusal(index) {
+        put_option_error(out, code, reply_type, &why);
+        return None;
+    }
     let export = &exports[index];
     let a = advertise(&export.device.info(), state.structured_replies);
     put_option_reply(out, code, rep::INFO, &info_export_data(a.size_bytes, a.transmission_flags));

@@ -32,15 +32,17 @@
 //!   half that sends file ranges with `sendfile`; [`RequestSource`], the read half that
 //!   waits for whole WRITE payloads; `listener`: [`Server`], accept loop,
 //!   limits and shutdown.
+//! - `tls`: [`Tls`] credentials (rustls for X.509, OpenSSL for PSK) and the TLS stream.
 //! - [`buffer_pool`]: recycled large I/O buffers (no page faults on every 1 MiB read).
 //! - `config`: [`Export`], [`ServerConfig`]; `advertise`: flags and block sizes derived
 //!   from a device; `error`: the crate's [`Error`] and the one device-error → NBD errno map.
 //!
 //! Protocol coverage: fixed newstyle; EXPORT_NAME, ABORT, LIST, INFO, GO, STRUCTURED_REPLY,
-//! LIST/SET_META_CONTEXT (`base:allocation`); STARTTLS → `ERR_POLICY`, EXTENDED_HEADERS →
+//! LIST/SET_META_CONTEXT (`base:allocation`), STARTTLS ([`Tls`]: X.509 or PSK); EXTENDED_HEADERS →
 //! `ERR_UNSUP`. Commands READ, WRITE, DISC, FLUSH, TRIM, CACHE, WRITE_ZEROES (NO_HOLE,
 //! FAST_ZERO), BLOCK_STATUS; flags FUA, DF, REQ_ONE; simple or structured replies.
 
+pub mod access;
 pub mod device;
 pub mod file_device;
 pub mod file_mapping;
@@ -58,8 +60,10 @@ mod listener;
 mod read_buffer;
 mod request_source;
 mod send_file;
+mod tls;
 mod transmission;
 
+pub use access::AddressRange;
 pub use advertise::{Advertised, advertise};
 pub use config::{Export, ServerConfig};
 pub use device::{
@@ -69,8 +73,9 @@ pub use device::{
 pub use error::{Error, Result, device_errno};
 pub use file_device::FileDevice;
 pub use file_mapping::{FileMapping, FileMappings};
-pub use listener::{GenericStream, NbdListener, NbdStream, Server};
+pub use listener::{GenericStream, NbdListener, NbdStream, Peer, Server};
 pub use memory_device::MemoryDevice;
 pub use request_source::RequestSource;
 pub use send_file::ReplySink;
+pub use tls::{Tls, TlsCredentials};
 pub use tokio_util::sync::CancellationToken;

@@ -14,8 +14,10 @@
 //!                     export's device ─▶ return
 //! ```
 //!
-//! The stream type is generic ([`NbdStream`]) so TLS can be layered in later; TCP and
-//! Unix sockets are provided ([`NbdListener`]).
+//! The stream type is generic ([`NbdStream`]); TCP and Unix sockets are provided
+//! ([`NbdListener`]). After STARTTLS the connection continues on a TLS stream over it
+//! ([`GenericStream`]: split with `tokio::io::split`, replies copied rather than sent with
+//! `sendfile`).
 
 use std::future::Future;
 use std::io;
@@ -31,11 +33,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, warn};
 
+use crate::access::allowed;
 use crate::config::{Export, ServerConfig, validate_exports};
 use crate::error::{Error, Result};
-use crate::handshake::{Outcome, negotiate};
+use crate::handshake::{Negotiated, Outcome, Policy, TlsState, greet, haggle};
 use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
+use crate::tls::Tls;
 use crate::transmission::{self, Transmission};
 
 /// A byte stream an NBD connection can run on, splittable into independent halves so
@@ -105,29 +109,47 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> NbdStream for GenericSt
     }
 }
 
+/// Who connected.
+#[derive(Debug, Clone)]
+pub enum Peer {
+    /// A TCP peer (checked against [`ServerConfig::allowed_addresses`]).
+    Ip(std::net::SocketAddr),
+    /// A Unix socket peer, described for logs.
+    Local(String),
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Ip(a) => write!(f, "{a}"),
+            Peer::Local(s) => f.write_str(s),
+        }
+    }
+}
+
 /// A source of incoming connections.
 pub trait NbdListener: Send {
     type Stream: NbdStream;
-    /// Accepts one connection and describes the peer (for logs).
-    fn accept_stream(&self) -> impl Future<Output = io::Result<(Self::Stream, String)>> + Send;
+    /// Accepts one connection and says who it is from.
+    fn accept_stream(&self) -> impl Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
 }
 
 impl NbdListener for TcpListener {
     type Stream = TcpStream;
-    async fn accept_stream(&self) -> io::Result<(TcpStream, String)> {
+    async fn accept_stream(&self) -> io::Result<(TcpStream, Peer)> {
         let (stream, peer) = self.accept().await?;
         // Replies are batched by the writer; Nagle would only add latency.
         stream.set_nodelay(true)?;
-        Ok((stream, peer.to_string()))
+        Ok((stream, Peer::Ip(peer)))
     }
 }
 
 impl NbdListener for UnixListener {
     type Stream = UnixStream;
-    async fn accept_stream(&self) -> io::Result<(UnixStream, String)> {
+    async fn accept_stream(&self) -> io::Result<(UnixStream, Peer)> {
         let (stream, peer) = self.accept().await?;
         let peer = peer.as_pathname().map(|p| p.display().to_string()).unwrap_or_else(|| "unix".to_string());
-        Ok((stream, peer))
+        Ok((stream, Peer::Local(peer)))
     }
 }
 
@@ -143,6 +165,7 @@ pub struct Server {
 struct Inner {
     exports: Vec<Export>,
     config: ServerConfig,
+    tls: Option<Tls>,
     connection_slots: Arc<Semaphore>,
     in_flight_bytes: Arc<Semaphore>,
     next_connection_id: AtomicU64,
@@ -151,10 +174,16 @@ struct Inner {
 impl Server {
     /// Checks the exports (unique, valid names; at least one) and the limits.
     pub fn new(exports: Vec<Export>, config: ServerConfig) -> Result<Self> {
+        Self::with_tls(exports, config, None)
+    }
+
+    /// A server that offers (or requires) TLS with `tls`; `None`: plaintext only.
+    pub fn with_tls(exports: Vec<Export>, config: ServerConfig, tls: Option<Tls>) -> Result<Self> {
         config.validate()?;
-        validate_exports(&exports)?;
+        validate_exports(&exports, tls.is_some())?;
         Ok(Self {
             inner: Arc::new(Inner {
+                tls,
                 connection_slots: Arc::new(Semaphore::new(config.max_connections)),
                 in_flight_bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes)),
                 exports,
@@ -189,6 +218,9 @@ impl Server {
                 _ = &mut shutdown => break,
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 accepted = listener.accept_stream() => match accepted {
+                    Ok((_, Peer::Ip(address))) if !allowed(&self.inner.config.allowed_addresses, address.ip()) => {
+                        warn!(peer = %address, "address not allowed (--allow); closing");
+                    }
                     Ok((stream, peer)) => match self.inner.connection_slots.clone().try_acquire_owned() {
                         Ok(slot) => {
                             let server = self.clone();
@@ -248,7 +280,7 @@ impl Server {
     async fn run_connection<S: NbdStream>(
         &self,
         stream: S,
-        peer: String,
+        peer: Peer,
         shutdown: CancellationToken,
         _slot: OwnedSemaphorePermit,
     ) {
@@ -258,7 +290,9 @@ impl Server {
             debug!("accepted");
             match self.connection(stream, shutdown).await {
                 Ok(()) => debug!("closed"),
-                Err(e @ (Error::Protocol(_) | Error::UnknownExport(_) | Error::HandshakeTimeout(_))) => {
+                Err(
+                    e @ (Error::Protocol(_) | Error::UnknownExport(_) | Error::HandshakeTimeout(_) | Error::Tls(_)),
+                ) => {
                     warn!(error = %e, "connection dropped");
                 }
                 Err(e) => debug!(error = %e, "connection ended with an error"),
@@ -271,13 +305,44 @@ impl Server {
     async fn connection<S: NbdStream>(&self, mut stream: S, shutdown: CancellationToken) -> Result<()> {
         let mut buf = BytesMut::with_capacity(8 * 1024);
         let timeout = self.inner.config.handshake_timeout;
-        let outcome = tokio::time::timeout(timeout, negotiate(&mut stream, &mut buf, &self.inner.exports, &shutdown))
-            .await
-            .map_err(|_| Error::HandshakeTimeout(timeout))??;
-        let negotiated = match outcome {
-            Outcome::Closed => return Ok(()),
-            Outcome::Transmission(negotiated) => negotiated,
+        let deadline = tokio::time::Instant::now() + timeout;
+        let exports = &self.inner.exports;
+        let Some(flags) = handshake_step(deadline, timeout, greet(&mut stream, &mut buf)).await? else {
+            return Ok(());
         };
+        let tls = match &self.inner.tls {
+            None => TlsState::Unavailable,
+            Some(tls) => TlsState::Offered { required: tls.require },
+        };
+        let policy = Policy { exports, tls };
+        let haggled = haggle(&mut stream, &mut buf, flags, &policy, &shutdown);
+        match handshake_step(deadline, timeout, haggled).await? {
+            Outcome::Closed => Ok(()),
+            Outcome::Transmission(negotiated) => self.transmit(stream, buf, negotiated, shutdown).await,
+            Outcome::StartTls => {
+                let credentials = &self.inner.tls.as_ref().expect("STARTTLS is acknowledged only with TLS").credentials;
+                let (tls_stream, peer) = handshake_step(deadline, timeout, credentials.accept(stream)).await?;
+                debug!(?peer, "TLS established");
+                let mut stream = GenericStream(tls_stream);
+                let policy = Policy { exports, tls: TlsState::Established(&peer) };
+                let haggled = haggle(&mut stream, &mut buf, flags, &policy, &shutdown);
+                match handshake_step(deadline, timeout, haggled).await? {
+                    Outcome::Closed => Ok(()),
+                    Outcome::Transmission(negotiated) => self.transmit(stream, buf, negotiated, shutdown).await,
+                    Outcome::StartTls => Err(Error::protocol("STARTTLS acknowledged twice")),
+                }
+            }
+        }
+    }
+
+    /// The transmission phase of a negotiated connection.
+    async fn transmit<S: NbdStream>(
+        &self,
+        stream: S,
+        buf: BytesMut,
+        negotiated: Negotiated,
+        shutdown: CancellationToken,
+    ) -> Result<()> {
         let export = &self.inner.exports[negotiated.export_index];
         debug!(
             export = %export.name,
@@ -301,4 +366,13 @@ impl Server {
         };
         transmission::run(reader, writer, buf, t).await
     }
+}
+
+/// Runs one step of the handshake phase, which must end by `deadline` (`timeout` after accept).
+async fn handshake_step<T>(
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    step: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout_at(deadline, step).await.map_err(|_| Error::HandshakeTimeout(timeout))?
 }

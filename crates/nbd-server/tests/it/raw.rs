@@ -26,12 +26,12 @@ use crate::util::{ServerHandle, pattern, standard_exports};
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client that speaks the protocol byte by byte.
-struct Raw<S> {
-    stream: S,
+pub(crate) struct Raw<S> {
+    pub(crate) stream: S,
 }
 
 impl Raw<TcpStream> {
-    async fn connect(server: &ServerHandle) -> Self {
+    pub(crate) async fn connect(server: &ServerHandle) -> Self {
         let stream = TcpStream::connect(server.addr).await.expect("connect");
         stream.set_nodelay(true).unwrap();
         Raw { stream }
@@ -39,18 +39,18 @@ impl Raw<TcpStream> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
-    async fn read_exact(&mut self, n: usize) -> Vec<u8> {
+    pub(crate) async fn read_exact(&mut self, n: usize) -> Vec<u8> {
         let mut buf = vec![0u8; n];
         tokio::time::timeout(TIMEOUT, self.stream.read_exact(&mut buf)).await.expect("reply in time").expect("read");
         buf
     }
 
-    async fn send(&mut self, bytes: &[u8]) {
+    pub(crate) async fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("send");
     }
 
     /// The server closes the connection: EOF (or reset) within the timeout, nothing else.
-    async fn expect_closed(&mut self) {
+    pub(crate) async fn expect_closed(&mut self) {
         let mut buf = [0u8; 1024];
         match tokio::time::timeout(TIMEOUT, self.stream.read(&mut buf)).await {
             Err(_) => panic!("server did not close the connection"),
@@ -59,7 +59,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         }
     }
 
-    async fn greeting(&mut self) {
+    pub(crate) async fn greeting(&mut self) {
         let g = self.read_exact(18).await;
         assert_eq!(u64::from_be_bytes(g[..8].try_into().unwrap()), NBDMAGIC);
         assert_eq!(u64::from_be_bytes(g[8..16].try_into().unwrap()), IHAVEOPT);
@@ -67,12 +67,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
     }
 
     /// Greeting plus client flags.
-    async fn start(&mut self, client_flags: u32) {
+    pub(crate) async fn start(&mut self, client_flags: u32) {
         self.greeting().await;
         self.send(&client_flags.to_be_bytes()).await;
     }
 
-    async fn option(&mut self, code: u32, data: &[u8]) {
+    pub(crate) async fn option(&mut self, code: u32, data: &[u8]) {
         let mut msg = IHAVEOPT.to_be_bytes().to_vec();
         msg.extend_from_slice(&code.to_be_bytes());
         msg.extend_from_slice(&(data.len() as u32).to_be_bytes());
@@ -81,7 +81,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
     }
 
     /// One option reply: (echoed option, reply type, data).
-    async fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
+    pub(crate) async fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
         let h = self.read_exact(20).await;
         assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), OPTION_REPLY_MAGIC);
         let option = u32::from_be_bytes(h[8..12].try_into().unwrap());
@@ -92,7 +92,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
     }
 
     /// Replies until (and including) the final ACK or error.
-    async fn option_replies(&mut self) -> Vec<(u32, u32, Vec<u8>)> {
+    pub(crate) async fn option_replies(&mut self) -> Vec<(u32, u32, Vec<u8>)> {
         let mut all = Vec::new();
         loop {
             let r = self.option_reply().await;
@@ -106,7 +106,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
 
     /// Fixed newstyle, NO_ZEROES, optional structured replies and base:allocation, then GO.
     /// Returns (size, transmission flags).
-    async fn go(&mut self, name: &str, structured: bool, meta_for: Option<&str>) -> (u64, u16) {
+    pub(crate) async fn go(&mut self, name: &str, structured: bool, meta_for: Option<&str>) -> (u64, u16) {
         self.start(3).await;
         if structured {
             self.option(opt::STRUCTURED_REPLY, &[]).await;
@@ -137,25 +137,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         export.expect("NBD_INFO_EXPORT")
     }
 
-    async fn request(&mut self, flags: u16, command: u16, cookie: u64, offset: u64, len: u32, payload: &[u8]) {
+    pub(crate) async fn request(
+        &mut self,
+        flags: u16,
+        command: u16,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) {
         self.send(&request_message(flags, command, cookie, offset, len, payload)).await;
     }
 
     /// A simple reply: (error, cookie); reads `data_len` bytes of data if error is 0.
-    async fn simple_reply(&mut self, data_len: usize) -> (u32, u64, Vec<u8>) {
+    pub(crate) async fn simple_reply(&mut self, data_len: usize) -> (u32, u64, Vec<u8>) {
         let h = decode_simple_reply(&self.read_exact(16).await).expect("simple reply magic");
         let data = if h.error == 0 { self.read_exact(data_len).await } else { Vec::new() };
         (h.error, h.cookie, data)
     }
 
-    async fn chunk(&mut self) -> (ChunkHeader, Vec<u8>) {
+    pub(crate) async fn chunk(&mut self) -> (ChunkHeader, Vec<u8>) {
         let h = decode_chunk_header(&self.read_exact(20).await).expect("structured reply magic");
         let payload = self.read_exact(h.payload_len as usize).await;
         (h, payload)
     }
 
     /// Reads structured chunks until DONE; returns them.
-    async fn chunks(&mut self) -> Vec<(ChunkHeader, Vec<u8>)> {
+    pub(crate) async fn chunks(&mut self) -> Vec<(ChunkHeader, Vec<u8>)> {
         let mut all = Vec::new();
         loop {
             let c = self.chunk().await;
@@ -168,7 +176,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
     }
 
     /// A READ that must succeed with simple replies.
-    async fn read_ok(&mut self, offset: u64, len: u32) -> Vec<u8> {
+    pub(crate) async fn read_ok(&mut self, offset: u64, len: u32) -> Vec<u8> {
         self.request(0, cmd::READ, 0xabc, offset, len, &[]).await;
         let (error, cookie, data) = self.simple_reply(len as usize).await;
         assert_eq!((error, cookie), (0, 0xabc));
@@ -177,7 +185,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
 }
 
 /// A request header followed by `payload`.
-fn request_message(flags: u16, command: u16, cookie: u64, offset: u64, len: u32, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn request_message(flags: u16, command: u16, cookie: u64, offset: u64, len: u32, payload: &[u8]) -> Vec<u8> {
     let mut msg = Vec::with_capacity(REQUEST_HEADER_LEN + payload.len());
     msg.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
     msg.extend_from_slice(&flags.to_be_bytes());
@@ -189,7 +197,7 @@ fn request_message(flags: u16, command: u16, cookie: u64, offset: u64, len: u32,
     msg
 }
 
-fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+pub(crate) fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
     let mut d = (name.len() as u32).to_be_bytes().to_vec();
     d.extend_from_slice(name.as_bytes());
     d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
@@ -199,7 +207,7 @@ fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
     d
 }
 
-fn meta_query(export: &str, queries: &[&str]) -> Vec<u8> {
+pub(crate) fn meta_query(export: &str, queries: &[&str]) -> Vec<u8> {
     let mut d = (export.len() as u32).to_be_bytes().to_vec();
     d.extend_from_slice(export.as_bytes());
     d.extend_from_slice(&(queries.len() as u32).to_be_bytes());

@@ -71,7 +71,11 @@ pub struct ServerHandle {
 
 impl ServerHandle {
     pub async fn start(exports: Vec<Export>, config: ServerConfig) -> Self {
-        let server = Server::new(exports, config).expect("valid server config");
+        Self::start_with_tls(exports, config, None).await
+    }
+
+    pub async fn start_with_tls(exports: Vec<Export>, config: ServerConfig, tls: Option<nbd_server::Tls>) -> Self {
+        let server = Server::with_tls(exports, config, tls).expect("valid server config");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
