@@ -9,7 +9,10 @@
 #        ONLY=seq crates/nbd-server/bench/vs-nbdkit.sh     (workloads whose name contains "seq")
 #        OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (the product: `raidnbd serve` of a
 #            linear array whose one member is the file; nbdkit serves the member file itself)
-# Needs: fio, nbdkit (Debian packages fio, nbdkit), /usr/bin/python3, cargo.
+#        TLS=1 OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (both servers also offer TLS
+#            (--tls on, X.509 from tests/make-pki.sh); fio also runs over nbds:// against each:
+#            four servers in the rotation, ours-tls and nbdkit-tls beside the plaintext two)
+# Needs: fio, nbdkit (Debian packages fio, nbdkit), /usr/bin/python3, cargo; gnutls-bin for TLS=1.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -18,6 +21,7 @@ SIZE=${SIZE:-1G}
 ONLY=${ONLY:-}
 OURS=${OURS:-serve_file} # serve_file (the crate's example, a FileDevice) or raidnbd
 OURS_ARGS=${OURS_ARGS:-} # extra server arguments, e.g. "--threads 4"
+TLS=${TLS:-0}
 IMG=${IMG:-/dev/shm/nbd-bench.img}
 OURS_PORT=${OURS_PORT:-10911}
 NBDKIT_PORT=${NBDKIT_PORT:-10912}
@@ -52,20 +56,31 @@ trap cleanup EXIT
 echo "filling $IMG ($SIZE) with random data..." >&2
 fio --name=fill --filename="$IMG" --rw=write --bs=1m --size="$SIZE" --refill_buffers --output=/dev/null
 
+OURS_TLS=() NBDKIT_TLS=() SERVERS=(ours nbdkit)
+if [[ $TLS == 1 ]]; then
+    [[ $OURS == raidnbd ]] || { echo "TLS=1 needs OURS=raidnbd" >&2; exit 1; }
+    sh "$ROOT/crates/nbd-server/tests/make-pki.sh" "$WORK/creds"
+    OURS_TLS=(--tls on --tls-certificates "$WORK/creds/pki")
+    NBDKIT_TLS=(--tls=on "--tls-certificates=$WORK/creds/pki")
+    SERVERS=(ours nbdkit ours-tls nbdkit-tls)
+fi
+
 # The array is smaller than its member (md metadata), so fio covers 95 % of each export.
 FIO_SIZE=$SIZE
 if [[ $OURS == raidnbd ]]; then
     FIO_SIZE=95%
     "$CARGO_TARGET_DIR/release/raidnbd" create --level linear --force "$IMG" >"$WORK/create.log" 2>&1
     # shellcheck disable=SC2086
-    "$CARGO_TARGET_DIR/release/raidnbd" serve "$IMG" --listen "127.0.0.1:$OURS_PORT" $OURS_ARGS >"$WORK/ours.log" 2>&1 &
+    "$CARGO_TARGET_DIR/release/raidnbd" serve "$IMG" --listen "127.0.0.1:$OURS_PORT" "${OURS_TLS[@]}" $OURS_ARGS \
+        >"$WORK/ours.log" 2>&1 &
 else
     # shellcheck disable=SC2086
     "$CARGO_TARGET_DIR/release/examples/serve_file" --file "$IMG" --listen "127.0.0.1:$OURS_PORT" $OURS_ARGS \
         >"$WORK/ours.log" 2>&1 &
 fi
 OURS_PID=$!
-nbdkit -f -P "$WORK/nbdkit.pid" -i 127.0.0.1 -p "$NBDKIT_PORT" file "$IMG" >"$WORK/nbdkit.log" 2>&1 &
+nbdkit -f -P "$WORK/nbdkit.pid" -i 127.0.0.1 -p "$NBDKIT_PORT" "${NBDKIT_TLS[@]}" file "$IMG" \
+    >"$WORK/nbdkit.log" 2>&1 &
 for _ in $(seq 50); do
     grep -qE "listening|serving export" "$WORK/ours.log" && [[ -s $WORK/nbdkit.pid ]] && break
     sleep 0.1
@@ -83,10 +98,19 @@ cpu_ticks() { # utime + stime of a process, in clock ticks
     awk '{print $14 + $15}' "/proc/$1/stat"
 }
 
-run_fio() { # port workload-args... ; prints "iops bw_bytes_per_s"
-    local port=$1
+uri_of() { # server -> the URI fio uses
+    case $1 in
+    ours) echo "nbd://127.0.0.1:$OURS_PORT/" ;;
+    nbdkit) echo "nbd://127.0.0.1:$NBDKIT_PORT/" ;;
+    ours-tls) echo "nbds://localhost:$OURS_PORT/?tls-certificates=$WORK/creds/pki" ;;
+    nbdkit-tls) echo "nbds://localhost:$NBDKIT_PORT/?tls-certificates=$WORK/creds/pki" ;;
+    esac
+}
+
+run_fio() { # uri workload-args... ; prints "iops bw_bytes_per_s"
+    local uri=$1
     shift
-    fio --name=bench --ioengine=nbd --uri="nbd://127.0.0.1:$port/" --size="$FIO_SIZE" \
+    fio --name=bench --ioengine=nbd --uri="$uri" --size="$FIO_SIZE" \
         --time_based --runtime="$RUNTIME" --ramp_time=1 --numjobs=1 --output-format=json "$@" |
         /usr/bin/python3 -c '
 import json, sys
@@ -101,14 +125,15 @@ for round in $(seq "$ROUNDS"); do
     for workload in "${WORKLOADS[@]}"; do
         read -r name args <<<"$workload"
         [[ $name == *"$ONLY"* ]] || continue
-        # Alternate which server goes first to cancel drift.
-        if (( round % 2 )); then order="ours nbdkit"; else order="nbdkit ours"; fi
-        for server in $order; do
-            port=$OURS_PORT pid=$OURS_PID
-            [[ $server == nbdkit ]] && port=$NBDKIT_PORT pid=$(cat "$WORK/nbdkit.pid")
+        # Alternate the order of the servers to cancel drift.
+        order=("${SERVERS[@]}")
+        (( round % 2 )) || mapfile -t order < <(printf '%s\n' "${SERVERS[@]}" | tac)
+        for server in "${order[@]}"; do
+            pid=$OURS_PID
+            [[ $server == nbdkit* ]] && pid=$(cat "$WORK/nbdkit.pid")
             before=$(cpu_ticks "$pid")
             # shellcheck disable=SC2086
-            result=$(run_fio "$port" $args)
+            result=$(run_fio "$(uri_of "$server")" $args)
             after=$(cpu_ticks "$pid")
             # Server CPU seconds used during the run (includes the 1 s ramp).
             cpu=$(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" 'BEGIN {print t / hz}')
@@ -121,20 +146,26 @@ done
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 names = list(dict.fromkeys(r[1] for r in rows))
+servers = list(dict.fromkeys(r[2] for r in rows))
 runtime = float(sys.argv[2]) + 1  # fio ramp time is 1 s
-print(f"{'workload':<20} {'ours IOPS':>10} {'nbdkit IOPS':>11} {'ours MB/s':>9} {'nbdkit MB/s':>11} "
-      f"{'ratio':>6} {'ours CPU us/op':>14} {'nbdkit CPU us/op':>16}")
+print(f"{'workload':<20} {'server':<11} {'IOPS':>9} {'MB/s':>7} {'CPU us/op':>10}")
+ratios = []
 for name in names:
     med = {}
-    for server in ("ours", "nbdkit"):
+    for server in servers:
         sel = [r for r in rows if r[1] == name and r[2] == server]
         iops = statistics.median(float(r[3]) for r in sel)
         bw = statistics.median(float(r[4]) for r in sel)
         # CPU per operation: server CPU seconds over the operations of the whole run.
         cpu = statistics.median(float(r[5]) / (float(r[3]) * runtime) * 1e6 for r in sel)
         med[server] = (iops, bw, cpu)
-    ratio = med["ours"][0] / med["nbdkit"][0]
-    print(f"{name:<20} {med['ours'][0]:>10.0f} {med['nbdkit'][0]:>11.0f} {med['ours'][1] / 1e6:>9.0f} "
-          f"{med['nbdkit'][1] / 1e6:>11.0f} {ratio:>6.2f} {med['ours'][2]:>14.1f} {med['nbdkit'][2]:>16.1f}")
-print(f"ratio = ours / nbdkit (median of {len(rows) // (2 * len(names))} alternated rounds)")
+        print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f}")
+    pairs = [("ours", "nbdkit")]
+    if "ours-tls" in med:
+        pairs += [("ours-tls", "nbdkit-tls"), ("ours-tls", "ours")]
+    ratios.append(f"{name:<20} " + "  ".join(f"{a}/{b} {med[a][0] / med[b][0]:.2f}" for a, b in pairs))
+print()
+print("\n".join(ratios))
+rounds = len(rows) // (len(servers) * len(names))
+print(f"ratios of IOPS (median of {rounds} alternated rounds)")
 EOF

@@ -1,0 +1,81 @@
+#!/bin/sh
+# The kernel NBD client over TLS: nbd-client with certificates against raidnbd --tls require.
+# Credentials are made on the host for this boot (crates/nbd-server/tests/make-pki.sh: valid two
+# days, never committed) and reach the guest as a tar written on disk vda.
+#  1. raidnbd serves a RAID5 of four 32 MiB tmpfs files with --tls require; nbd-client without
+#     TLS is refused (no device);
+#  2. nbd-client -cacertfile/-certfile/-keyfile -C 2 attaches /dev/nbd0 over TLS: mkfs.ext4,
+#     files, fsck clean; digest;
+#  3. --tls-verify-peer --tls-peer client1.test: the client certificate is required and named;
+#     files and digest read back over the verified connection; a client that shows a certificate
+#     from another CA is refused.
+# rig-status: enabled
+# rig-needs: raidnbd
+# rig-disks: 1M
+# rig-host-pre: rm -rf {workdir}/pki && sh {repo}/crates/nbd-server/tests/make-pki.sh {workdir}/pki && tar -C {workdir}/pki -cf - . | dd of={workdir}/d0.img conv=notrunc status=none
+# rig-timeout: 600
+. /guest/lib.sh
+S=/shm
+M=/mnt
+P=/pki
+rig_debug() {
+  echo "-- raidnbd log:"; tail -n 40 "$RAIDNBD_LOG" 2>/dev/null
+}
+tls_attach() { # DIR CONNECTIONS: nbd-client over TLS with DIR's CA and client certificate
+  run nbd-client 127.0.0.1 "$RAIDNBD_PORT" /dev/nbd0 -N "$RAIDNBD_EXPORT" -b 4096 -C "$2" \
+    -cacertfile "$1/ca-cert.pem" -certfile "$1/client-cert.pem" -keyfile "$1/client-key.pem" -tlshostname localhost
+  n=0
+  while [ "$(cat /sys/block/nbd0/size)" = 0 ]; do
+    n=$((n + 1)); [ "$n" -le 50 ] || fail "/dev/nbd0 has size 0 after nbd-client"
+    sleep 0.2
+  done
+  expect_eq "$(established_to "$RAIDNBD_PORT")" "$2" "TLS connections to 127.0.0.1:$RAIDNBD_PORT"
+}
+
+step "credentials from the host, tmpfs members, raidnbd create --level 5"
+run modprobe nbd nbds_max=4
+mkdir -p "$S" "$M" "$P"
+run tar -x -f "$(disk 0)" -C "$P"
+[ -s "$P/pki/server-cert.pem" ] && [ -s "$P/pki/client-key.pem" ] || fail "no credentials on $(disk 0)"
+run mount -t tmpfs -o size=160M tmpfs "$S"
+for i in 0 1 2 3; do run truncate -s 32M "$S/m$i.img"; done
+run raidnbd create --level 5 --chunk 64K "$S/m0.img" "$S/m1.img" "$S/m2.img" "$S/m3.img"
+
+step "serve --tls require: a plaintext client is refused"
+raidnbd_serve --tls require --tls-certificates "$P/pki" "$S/m0.img" "$S/m1.img" "$S/m2.img" "$S/m3.img"
+if nbd-client 127.0.0.1 "$RAIDNBD_PORT" /dev/nbd0 -N "$RAIDNBD_EXPORT" -b 4096 >/tmp/plain.out 2>&1; then
+  cat /tmp/plain.out; fail "plaintext nbd-client attached to a server that requires TLS"
+fi
+echo "ok: plaintext nbd-client refused: $(tail -n 1 /tmp/plain.out)"
+expect_eq "$(cat /sys/block/nbd0/size)" 0 "size of /dev/nbd0 after the refused client"
+
+step "nbd-client over TLS (-C 2): mkfs.ext4, files, fsck"
+tls_attach "$P/pki" 2
+mkfs_ext4 /dev/nbd0
+run mount -t ext4 /dev/nbd0 "$M"
+fill_tree "$M/t1" 12 512 /tmp/t1.md5
+run umount "$M"
+fsck_clean /dev/nbd0
+D1=$(dev_digest /dev/nbd0)
+nbd_detach /dev/nbd0
+raidnbd_stop
+
+step "--tls-verify-peer --tls-peer client1.test: files and digest over a verified connection"
+raidnbd_serve --tls require --tls-certificates "$P/pki" --tls-verify-peer --tls-peer client1.test \
+  "$S/m0.img" "$S/m1.img" "$S/m2.img" "$S/m3.img"
+if nbd-client 127.0.0.1 "$RAIDNBD_PORT" /dev/nbd0 -N "$RAIDNBD_EXPORT" -b 4096 -cacertfile "$P/foreign-client/ca-cert.pem" \
+  -certfile "$P/foreign-client/client-cert.pem" -keyfile "$P/foreign-client/client-key.pem" -tlshostname localhost \
+  >/tmp/foreign.out 2>&1; then
+  cat /tmp/foreign.out; fail "a client certificate from another CA was accepted"
+fi
+echo "ok: foreign client certificate refused: $(tail -n 1 /tmp/foreign.out)"
+raidnbd_last_log | contains "TLS handshake failed" || fail "the refused handshake is not logged"
+tls_attach "$P/pki" 1
+drop_caches
+expect_eq "$(dev_digest /dev/nbd0)" "$D1" "digest over the verified connection"
+run mount -t ext4 -o ro /dev/nbd0 "$M"
+verify_tree "$M/t1" /tmp/t1.md5
+run umount "$M"
+fsck_clean /dev/nbd0
+nbd_detach /dev/nbd0
+raidnbd_stop
