@@ -63,6 +63,9 @@ if [[ $TLS == 1 ]]; then
     OURS_TLS=(--tls on --tls-certificates "$WORK/creds/pki")
     NBDKIT_TLS=(--tls=on "--tls-certificates=$WORK/creds/pki")
     SERVERS=(ours nbdkit ours-tls nbdkit-tls)
+    mkdir -p "$WORK/home/.pki"
+    cp -r "$WORK/creds/pki" "$WORK/home/.pki/libnbd"
+    export HOME=$WORK/home
 fi
 
 # The array is smaller than its member (md metadata), so fio covers 95 % of each export.
@@ -102,8 +105,10 @@ uri_of() { # server -> the URI fio uses
     case $1 in
     ours) echo "nbd://127.0.0.1:$OURS_PORT/" ;;
     nbdkit) echo "nbd://127.0.0.1:$NBDKIT_PORT/" ;;
-    ours-tls) echo "nbds://localhost:$OURS_PORT/?tls-certificates=$WORK/creds/pki" ;;
-    nbdkit-tls) echo "nbds://localhost:$NBDKIT_PORT/?tls-certificates=$WORK/creds/pki" ;;
+    # fio's NBD engine refuses URIs that name local files; libnbd then reads the CA from
+    # $HOME/.pki/libnbd (set up below).
+    ours-tls) echo "nbds://localhost:$OURS_PORT/" ;;
+    nbdkit-tls) echo "nbds://localhost:$NBDKIT_PORT/" ;;
     esac
 }
 

@@ -6,8 +6,8 @@
 //! Block sizes: the spec wants powers of two. A device's minimum block is used as is when
 //! valid (else 1). The preferred block (e.g. a RAID stripe width, which need not be a
 //! power of two) becomes its largest power-of-two divisor, so that preferred-aligned I/O is
-//! still aligned to the stripe's chunks; it is clamped to `[max(min, 512), 32 MiB]`. The
-//! advertised maximum payload is always 32 MiB: the server splits READ/WRITE larger than
+//! still aligned to the stripe's chunks; it is clamped to `[max(min, 512), 64 MiB]`. The
+//! advertised maximum payload is always 64 MiB: the server splits READ/WRITE larger than
 //! the device's own `max_payload_bytes` into device-sized pieces.
 
 use crate::device::DeviceInfo;

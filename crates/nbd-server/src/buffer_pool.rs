@@ -19,7 +19,7 @@ use crate::protocol::consts::MAX_PAYLOAD_BYTES;
 pub const MIN_POOLED_BYTES: usize = 64 * 1024;
 /// Idle pooled memory is capped at this many bytes.
 pub const MAX_RETAINED_BYTES: usize = 64 * 1024 * 1024;
-/// Size classes: 64 KiB, 128 KiB, ... 32 MiB.
+/// Size classes: 64 KiB, 128 KiB, ... 64 MiB.
 const CLASSES: usize = (MAX_PAYLOAD_BYTES as usize / MIN_POOLED_BYTES).trailing_zeros() as usize + 1;
 
 const _: () = assert!(MIN_POOLED_BYTES.is_power_of_two());

@@ -76,7 +76,7 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Global bound on WRITE payloads being received/applied plus READ data being produced
     /// or sent. A request waits for room before its payload is read or its read is issued.
-    /// Must be at least the 32 MiB maximum payload.
+    /// Must be at least the 64 MiB maximum payload.
     pub max_in_flight_bytes: usize,
     /// Requests in flight per connection (the spec's clients use up to 128; qemu 16, the
     /// kernel 128 per socket). When full, the server stops reading that socket.

@@ -45,10 +45,10 @@ pub struct DeviceInfo {
     /// that is not a power of two (a stripe of 3 data chunks) is advertised as its largest
     /// power-of-two divisor (the chunk size); 0 means 4096.
     pub preferred_block_bytes: u32,
-    /// Largest READ/WRITE payload accepted (the server caps it at 32 MiB). The server
-    /// always advertises 32 MiB to clients and splits larger client requests into pieces
+    /// Largest READ/WRITE payload accepted (the server caps it at 64 MiB). The server
+    /// always advertises 64 MiB to clients and splits larger client requests into pieces
     /// of at most this size (rounded down to `min_block_bytes`), so a device never sees a
-    /// READ/WRITE longer than this. 0 means 32 MiB.
+    /// READ/WRITE longer than this. 0 means 64 MiB.
     pub max_payload_bytes: u32,
     /// Human-readable text for `NBD_INFO_DESCRIPTION` and LIST.
     pub description: String,

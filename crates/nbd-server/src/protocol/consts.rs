@@ -150,8 +150,9 @@ pub const BASE_ALLOCATION: &str = "base:allocation";
 /// Context id handed out for `base:allocation` by SET_META_CONTEXT.
 pub const BASE_ALLOCATION_ID: u32 = 1;
 
-/// Largest READ/WRITE payload the server ever accepts (the spec's interoperable limit).
-pub const MAX_PAYLOAD_BYTES: u32 = 32 * 1024 * 1024;
+/// Largest READ/WRITE payload the server ever accepts and advertises (twice the spec's
+/// interoperable 32 MiB: older clients and test tools send up to 64 MiB).
+pub const MAX_PAYLOAD_BYTES: u32 = 64 * 1024 * 1024;
 /// Largest string the spec allows (export names, queries, messages).
 pub const MAX_STRING_BYTES: usize = 4096;
 /// Option data above this many bytes is refused with `ERR_TOO_BIG`...

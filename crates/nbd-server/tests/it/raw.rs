@@ -517,18 +517,18 @@ async fn request_lengths_and_offsets_at_the_limits() {
                 assert_eq!(c.read_ok(0, 512).await.len(), 512);
             }
         }
-        // A 32 MiB WRITE (the maximum) is accepted.
-        let big = pattern(3, 32 << 20);
-        c.request(0, cmd::WRITE, 5, 0, 32 << 20, &big).await;
+        // A 64 MiB WRITE (the maximum) is accepted.
+        let big = pattern(3, 64 << 20);
+        c.request(0, cmd::WRITE, 5, 0, 64 << 20, &big).await;
         // Successful non-READ replies are simple replies even when structured ones were negotiated.
         assert_eq!(c.simple_reply(0).await, (0, 5, vec![]));
         // A WRITE announcing 2^32-1 bytes of payload is a denial of service: hard disconnect.
         c.request(0, cmd::WRITE, 6, 0, u32::MAX, &[]).await;
         c.expect_closed().await;
-        // So is a payload just over 32 MiB.
+        // So is a payload just over 64 MiB.
         let mut c = Raw::connect(&server).await;
         c.go("mem", structured, None).await;
-        c.request(0, cmd::WRITE, 7, 0, (32 << 20) + 1, &[]).await;
+        c.request(0, cmd::WRITE, 7, 0, (64 << 20) + 1, &[]).await;
         c.expect_closed().await;
     }
     assert_alive(&server).await;
@@ -649,12 +649,12 @@ async fn pipelined_requests_all_reach_the_device_and_replies_follow_completion_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_in_flight_are_bounded_and_apply_backpressure() {
     let device = GatedDevice::new(256 << 20);
-    let config = ServerConfig { max_in_flight_bytes: 32 << 20, ..ServerConfig::default() };
+    let config = ServerConfig { max_in_flight_bytes: 64 << 20, ..ServerConfig::default() };
     let server = ServerHandle::start(vec![Export::new("gated", device.clone())], config).await;
     let mut c = Raw::connect(&server).await;
     c.go("gated", false, None).await;
-    let len = 16u32 << 20;
-    // Four 16 MiB reads: only two fit in the 32 MiB budget.
+    let len = 32u32 << 20;
+    // Four 32 MiB reads: only two fit in the 64 MiB budget.
     for i in 0..4u64 {
         c.request(0, cmd::READ, i, i * u64::from(len), len, &[]).await;
     }

@@ -34,7 +34,7 @@ fn nbdinfo_json_list_and_map() {
     let aligned = find("aligned");
     assert_eq!(aligned["block_size_minimum"], 4096);
     assert_eq!(aligned["block_size_preferred"], 65536);
-    assert_eq!(aligned["block_size_maximum"], 32 << 20);
+    assert_eq!(aligned["block_size_maximum"], 64 << 20);
 
     let out = run_ok(Command::new(&nbdinfo).args(["--json", &server.uri("file")]));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -141,10 +141,10 @@ def _():
     h.set_request_block_size(True)
     h.connect_uri(uri("aligned"))
     sizes = [h.get_block_size(t) for t in (nbd.SIZE_MINIMUM, nbd.SIZE_PREFERRED, nbd.SIZE_MAXIMUM)]
-    assert sizes == [4096, 64 * 1024, 32 << 20], sizes
+    assert sizes == [4096, 64 * 1024, 64 << 20], sizes
     h.shutdown()
     h = connect("mem")
-    assert [h.get_block_size(t) for t in (0, 1, 2)] == [1, 4096, 32 << 20]
+    assert [h.get_block_size(t) for t in (0, 1, 2)] == [1, 4096, 64 << 20]
     h.shutdown()
 
 
