@@ -15,6 +15,14 @@
 //! The device serves one [`Volume`]: the array itself, or with `serve --cache writeback`
 //! the array's one shared write cache (one per array, so a FLUSH on any connection covers
 //! writes made on all of them and multi-conn stays safe), which offers no in-place paths.
+//!
+//! Byte granularity: the array advertises 512-byte blocks, but clients that negotiate no
+//! block sizes may send any offset and length (`DeviceInfo::byte_granular`, when the volume
+//! [`writes_bytes`](Volume::writes_bytes)). Such a read is read as its partial edge sectors
+//! and its aligned middle and handed over as slices; such a write goes to
+//! `Volume::write_bytes` (read-modify-write of the edge sectors under the array's write
+//! locks); TRIM keeps to the whole sectors inside the range (it is a hint); WRITE_ZEROES
+//! writes zero bytes into the partial edge sectors and zeroes the sectors between.
 
 use std::sync::Arc;
 
@@ -24,9 +32,9 @@ use nbd_server::device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, FileRange, ReadChunk,
     SEND_FILE_MIN_BYTES, WriteTarget, ZeroFlags,
 };
-use nbd_server::protocol::consts::MAX_PAYLOAD_BYTES;
+use raid_core::engine::MAX_IO_BYTES;
 use raid_core::geometry::Geometry;
-use raid_core::{ErrorKind, RaidError, Volume};
+use raid_core::{ErrorKind, RaidError, SECTOR_BYTES, Volume};
 
 pub struct ArrayDevice {
     /// The array, or the write-back cache over it.
@@ -45,6 +53,8 @@ impl ArrayDevice {
             can_cache: false,
             min_block_bytes: 512,
             preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors()),
+            max_payload_bytes: MAX_IO_BYTES as u32,
+            byte_granular: volume.writes_bytes(),
             ..DeviceInfo::full_featured(volume.size_bytes(), description)
         };
         Self { volume, info, mappings: FileMappings::default() }
@@ -55,7 +65,7 @@ impl ArrayDevice {
 fn preferred_block_bytes(optimal_io_bytes: u64, chunk_sectors: u32) -> u32 {
     let chunk_bytes = u64::from(chunk_sectors) * 512;
     let pick = if optimal_io_bytes.is_power_of_two() { optimal_io_bytes } else { chunk_bytes };
-    pick.clamp(4096, u64::from(MAX_PAYLOAD_BYTES)).next_power_of_two() as u32
+    pick.clamp(4096, MAX_IO_BYTES as u64).next_power_of_two() as u32
 }
 
 /// The one mapping from RAID errors to NBD errors.
@@ -74,6 +84,9 @@ impl BlockDevice for ArrayDevice {
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         Box::pin(async move {
+            if !is_aligned(offset, u64::from(len)) {
+                return self.read_bytes(offset, len).await;
+            }
             if len >= SEND_FILE_MIN_BYTES
                 && let Some(extents) = self.volume.read_in_place(offset, len as usize).map_err(to_device_error)?
             {
@@ -96,11 +109,21 @@ impl BlockDevice for ArrayDevice {
     }
 
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move { self.volume.write(offset, &data, fua).await.map_err(to_device_error) })
+        Box::pin(async move {
+            let written = if is_aligned(offset, data.len() as u64) {
+                self.volume.write(offset, &data, fua).await
+            } else {
+                self.volume.write_bytes(offset, &data, fua).await
+            };
+            written.map_err(to_device_error)
+        })
     }
 
     fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
         Box::pin(async move {
+            if !is_aligned(offset, u64::from(len)) {
+                return Ok(None);
+            }
             let Some(extents) = self.volume.write_in_place(offset, len as usize).await.map_err(to_device_error)? else {
                 return Ok(None);
             };
@@ -123,7 +146,15 @@ impl BlockDevice for ArrayDevice {
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
-        Box::pin(async move { self.volume.trim(offset, len, fua).await.map_err(to_device_error) })
+        Box::pin(async move {
+            // A hint: only the whole sectors inside the range.
+            let start = offset.next_multiple_of(SECTOR_BYTES);
+            let end = offset.saturating_add(len) / SECTOR_BYTES * SECTOR_BYTES;
+            if end <= start {
+                return Ok(());
+            }
+            self.volume.trim(start, end - start, fua).await.map_err(to_device_error)
+        })
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
@@ -131,14 +162,74 @@ impl BlockDevice for ArrayDevice {
             if flags.fast_zero {
                 return Err(DeviceError::new(DeviceErrorKind::NotSupported, "fast zeroing is not supported"));
             }
+            if !is_aligned(offset, len) {
+                return self.write_zeroes_bytes(offset, len, flags).await;
+            }
             self.volume.write_zeroes(offset, len, !flags.no_hole, flags.fua).await.map_err(to_device_error)
         })
+    }
+}
+
+fn is_aligned(offset: u64, len: u64) -> bool {
+    offset.is_multiple_of(SECTOR_BYTES) && len.is_multiple_of(SECTOR_BYTES)
+}
+
+/// `[offset, offset + len)` as (start, len) of its partial head sector, its whole sectors and
+/// its partial tail sector, each `None` when empty.
+fn split_at_sectors(offset: u64, len: u64) -> [Option<(u64, u64)>; 3] {
+    let end = offset + len;
+    let first_whole = offset.next_multiple_of(SECTOR_BYTES);
+    let last_whole = end / SECTOR_BYTES * SECTOR_BYTES;
+    let head_end = first_whole.min(end);
+    let tail_start = last_whole.max(head_end);
+    let range = |from: u64, to: u64| (to > from).then(|| (from, to - from));
+    [range(offset, head_end), range(first_whole, last_whole), range(tail_start, end)]
+}
+
+impl ArrayDevice {
+    /// A READ at any byte offset: its whole sectors read as usual, each partial edge sector
+    /// read whole and sliced.
+    async fn read_bytes(&self, offset: u64, len: u32) -> DeviceResult<Vec<ReadChunk>> {
+        let mut chunks = Vec::new();
+        for (at, n) in split_at_sectors(offset, u64::from(len)).into_iter().flatten() {
+            let sector = at / SECTOR_BYTES * SECTOR_BYTES;
+            let span = (at + n).next_multiple_of(SECTOR_BYTES) - sector;
+            let data = self.volume.read(sector, span as usize).await.map_err(to_device_error)?;
+            let whole = Bytes::from(data.to_vec());
+            let skip = (at - sector) as usize;
+            chunks.push(ReadChunk::Data(whole.slice(skip..skip + n as usize)));
+        }
+        Ok(chunks)
+    }
+
+    /// WRITE_ZEROES at any byte offset: zero bytes into the partial edge sectors, the
+    /// whole sectors between zeroed as usual.
+    async fn write_zeroes_bytes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceResult<()> {
+        for (at, n) in split_at_sectors(offset, len).into_iter().flatten() {
+            let done = if is_aligned(at, n) {
+                self.volume.write_zeroes(at, n, !flags.no_hole, flags.fua).await
+            } else {
+                self.volume.write_bytes(at, &[0u8; SECTOR_BYTES as usize][..n as usize], flags.fua).await
+            };
+            done.map_err(to_device_error)?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_split_into_partial_and_whole_sectors() {
+        assert_eq!(split_at_sectors(100, 100), [Some((100, 100)), None, None]);
+        assert_eq!(split_at_sectors(512, 88), [None, None, Some((512, 88))]);
+        assert_eq!(split_at_sectors(500, 100), [Some((500, 12)), None, Some((512, 88))]);
+        assert_eq!(split_at_sectors(500, 1124), [Some((500, 12)), Some((512, 1024)), Some((1536, 88))]);
+        assert_eq!(split_at_sectors(1024, 512), [None, Some((1024, 512)), None]);
+        assert_eq!(split_at_sectors(7, 0), [None, None, None]);
+    }
 
     #[test]
     fn preferred_block_is_a_power_of_two() {

@@ -8,6 +8,7 @@ mod cli_errors;
 mod crash;
 mod ctl_rebuild;
 mod fairness;
+mod io_shape;
 mod metrics;
 mod serve_clients;
 mod service;

@@ -28,6 +28,17 @@ pub struct Advertised {
     pub device_piece_bytes: u32,
 }
 
+/// What to advertise to a client that did (`block_sizes_negotiated`) or did not ask for
+/// block sizes: a [byte-granular](DeviceInfo::byte_granular) device serves the latter with a
+/// minimum block of 1.
+pub fn advertise_to(info: &DeviceInfo, structured: bool, block_sizes_negotiated: bool) -> Advertised {
+    let mut a = advertise(info, structured);
+    if info.byte_granular && !block_sizes_negotiated {
+        a.min_block_bytes = 1;
+    }
+    a
+}
+
 /// Computes what to advertise. `structured` says whether structured replies were
 /// negotiated (SEND_DF is only allowed then).
 pub fn advertise(info: &DeviceInfo, structured: bool) -> Advertised {
@@ -102,6 +113,17 @@ mod tests {
             max_payload_bytes: 1 << 20,
             ..DeviceInfo::full_featured(1 << 30, String::new())
         }
+    }
+
+    #[test]
+    fn byte_granular_devices_give_unnegotiating_clients_a_minimum_of_one() {
+        let mut i = info();
+        i.min_block_bytes = 512;
+        assert_eq!(advertise_to(&i, true, false).min_block_bytes, 512, "not byte granular");
+        i.byte_granular = true;
+        assert_eq!(advertise_to(&i, true, false).min_block_bytes, 1);
+        assert_eq!(advertise_to(&i, true, true).min_block_bytes, 512, "negotiated: the device's");
+        assert_eq!(advertise_to(&i, true, false).device_piece_bytes % 512, 0, "pieces stay device-aligned");
     }
 
     #[test]

@@ -50,6 +50,11 @@ pub struct DeviceInfo {
     /// of at most this size (rounded down to `min_block_bytes`), so a device never sees a
     /// READ/WRITE longer than this. 0 means 64 MiB.
     pub max_payload_bytes: u32,
+    /// The device takes READ and WRITE at any byte offset and length although it prefers
+    /// `min_block_bytes` (it does its own read-modify-write of partial blocks, atomically
+    /// against other writes). Clients that do not negotiate block sizes then get a minimum
+    /// block of 1, as the spec recommends; others keep `min_block_bytes`.
+    pub byte_granular: bool,
     /// Human-readable text for `NBD_INFO_DESCRIPTION` and LIST.
     pub description: String,
 }
@@ -71,6 +76,7 @@ impl DeviceInfo {
             min_block_bytes: 1,
             preferred_block_bytes: 4096,
             max_payload_bytes: MAX_PAYLOAD_BYTES,
+            byte_granular: false,
             description,
         }
     }

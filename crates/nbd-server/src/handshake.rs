@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::advertise::{Advertised, advertise};
+use crate::advertise::{Advertised, advertise_to};
 use crate::config::Export;
 use crate::error::{Error, Result};
 use crate::protocol::consts::{
@@ -284,7 +284,7 @@ fn handle_option(
             if let Some((_, why)) = policy.refusal(index) {
                 return Err(Error::protocol(format!("EXPORT_NAME refused: {why}")));
             }
-            let negotiated = enter(index, state, exports);
+            let negotiated = enter(index, state, exports, false);
             let a = &negotiated.advertised;
             put_export_name_reply(out, a.size_bytes, a.transmission_flags, state.flags.no_zeroes);
             Ok(Step::Transmission(negotiated))
@@ -324,7 +324,10 @@ fn handle_option(
             Ok(Step::Continue)
         }
         ClientOption::Go(query) => match answer_info(code, &query, state, policy, out) {
-            Some(index) => Ok(Step::Transmission(enter(index, state, exports))),
+            Some(index) => {
+                let asked = query.info_requests.contains(&info::BLOCK_SIZE);
+                Ok(Step::Transmission(enter(index, state, exports, asked)))
+            }
             None => Ok(Step::Continue),
         },
         ClientOption::StructuredReply => {
@@ -355,12 +358,13 @@ fn handle_option(
     }
 }
 
-/// The negotiation result for entering export `index`.
-fn enter(index: usize, state: &State, exports: &[Export]) -> Negotiated {
+/// The negotiation result for entering export `index`; `block_sizes_asked`: the client
+/// asked for NBD_INFO_BLOCK_SIZE (and so keeps to it).
+fn enter(index: usize, state: &State, exports: &[Export], block_sizes_asked: bool) -> Negotiated {
     let info = exports[index].device.info();
     Negotiated {
         export_index: index,
-        advertised: advertise(&info, state.structured_replies),
+        advertised: advertise_to(&info, state.structured_replies, block_sizes_asked),
         structured_replies: state.structured_replies,
         meta_context_selected: state.structured_replies && state.meta_context_export == Some(index),
     }
@@ -384,9 +388,11 @@ fn answer_info(
         return None;
     }
     let export = &exports[index];
-    let a = advertise(&export.device.info(), state.structured_replies);
+    let asked = query.info_requests.contains(&info::BLOCK_SIZE);
+    let a = advertise_to(&export.device.info(), state.structured_replies, asked);
     put_option_reply(out, code, rep::INFO, &info_export_data(a.size_bytes, a.transmission_flags));
-    // Block sizes are sent unasked: a client that did not ask is not bound by them.
+    // Block sizes are sent unasked (a client that did not ask is not bound by them), with
+    // the minimum this client will get (1 on a byte-granular device).
     put_option_reply(
         out,
         code,

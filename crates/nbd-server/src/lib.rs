@@ -64,7 +64,7 @@ mod tls;
 mod transmission;
 
 pub use access::AddressRange;
-pub use advertise::{Advertised, advertise};
+pub use advertise::{Advertised, advertise, advertise_to};
 pub use config::{Export, ServerConfig};
 pub use device::{
     BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,

@@ -65,6 +65,13 @@ impl MemoryDevice {
         self
     }
 
+    /// Builder: say that the device takes any byte offset and length whatever its minimum
+    /// block (true of memory: see [`DeviceInfo::byte_granular`](crate::DeviceInfo)).
+    pub fn byte_granular(mut self, byte_granular: bool) -> Self {
+        self.info.byte_granular = byte_granular;
+        self
+    }
+
     /// Builder: set the description.
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.info.description = description.into();

@@ -14,6 +14,9 @@
 //!   an error, never other bytes.
 //! - `write(.., fua = true)` is durable when it returns; `flush` makes every write that
 //!   completed before it durable; `trim` and `write_zeroes` leave the range reading as zeros.
+//! - Byte-granular writes are optional: a volume that [`writes_bytes`](Volume::writes_bytes)
+//!   takes [`write_bytes`](Volume::write_bytes) at any offset and length, patching partial
+//!   sectors atomically (an array: under its write locks); the default refuses.
 //! - The in-place paths are optional: a volume that can name the member-file pages holding a
 //!   range (members that are files in memory) returns them; the default is `None`, and the
 //!   caller then uses `read` / `write`.
@@ -22,7 +25,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::engine::{FileExtent, ReadData};
-use crate::error::Result;
+use crate::error::{ErrorKind, RaidError, Result};
 
 /// A boxed, sendable future of a volume operation.
 pub type VolumeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
@@ -45,6 +48,17 @@ pub trait Volume: Send + Sync {
 
     /// Zeroes a range, deallocating where `may_deallocate` allows.
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> VolumeFuture<'_, ()>;
+
+    /// Whether [`write_bytes`](Self::write_bytes) is supported.
+    fn writes_bytes(&self) -> bool {
+        false
+    }
+
+    /// Writes `data` at any byte offset (neither offset nor length a multiple of 512).
+    fn write_bytes<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
+        let _ = (offset_bytes, data, fua);
+        Box::pin(std::future::ready(Err(RaidError::new(ErrorKind::Refused, "byte-granular writes are not supported"))))
+    }
 
     /// The member-file ranges holding `[offset_bytes, +len_bytes)`, to be read in place.
     fn read_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {

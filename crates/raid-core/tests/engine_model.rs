@@ -123,6 +123,23 @@ fn raid5_left_symmetric_big_chunk() {
 }
 
 #[test]
+fn concurrent_byte_writes_sharing_sectors_keep_every_byte() {
+    for level in [Level::Linear, Level::Raid0, Level::Raid1, Level::Raid5, Level::Raid6, Level::Raid10] {
+        let layout = level.default_layout();
+        let members = if level == Level::Raid6 { 5 } else { 4 };
+        let config = Config { level, layout, members, chunk_sectors: 16, stripes: 4, unequal_seed: 0 };
+        let mut rig = Rig::new(&config);
+        rig.run_concurrent_byte_writes(200, 5);
+        rig.assert_consistent();
+        // Degraded: the edge sectors are rebuilt from parity or the other copy.
+        if let Some(&victim) = rig.pick_victims(3).first() {
+            futures::executor::block_on(rig.array.fail_role(victim)).expect("within redundancy");
+            rig.run_concurrent_byte_writes(120, 9);
+        }
+    }
+}
+
+#[test]
 fn concurrent_writes_to_one_stripe_keep_parity() {
     for level in [Level::Raid5, Level::Raid6, Level::Raid1, Level::Raid10] {
         let layout = level.default_layout();

@@ -536,6 +536,39 @@ async fn request_lengths_and_offsets_at_the_limits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_do_not_negotiate_block_sizes_get_a_minimum_of_one() {
+    let device = Arc::new(MemoryDevice::new(1 << 20).block_sizes(4096, 65536, 0).byte_granular(true));
+    let server = ServerHandle::start(vec![Export::new("bytes", device)], quick_config()).await;
+    // GO without NBD_INFO_BLOCK_SIZE: the unasked block size info says 1, and 1-byte I/O works.
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::GO, &go_data("bytes", &[])).await;
+    let replies = c.option_replies().await;
+    let sizes = replies.iter().find(|r| r.1 == rep::INFO && r.2[..2] == info::BLOCK_SIZE.to_be_bytes()).unwrap();
+    assert_eq!(u32::from_be_bytes(sizes.2[2..6].try_into().unwrap()), 1, "minimum block");
+    c.request(0, cmd::WRITE, 1, 4097, 3, b"abc").await;
+    assert_eq!(c.simple_reply(0).await, (0, 1, vec![]));
+    c.request(0, cmd::READ, 2, 4096, 5, &[]).await;
+    assert_eq!(c.simple_reply(5).await, (0, 2, b"\0abc\0".to_vec()));
+    // EXPORT_NAME negotiates nothing either.
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::EXPORT_NAME, b"bytes").await;
+    let _size_and_flags = c.read_exact(10).await;
+    assert_eq!(c.read_ok(4098, 1).await, b"b");
+    // A client that asked keeps the device's 4096.
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::GO, &go_data("bytes", &[info::BLOCK_SIZE])).await;
+    let replies = c.option_replies().await;
+    let sizes = replies.iter().find(|r| r.1 == rep::INFO && r.2[..2] == info::BLOCK_SIZE.to_be_bytes()).unwrap();
+    assert_eq!(u32::from_be_bytes(sizes.2[2..6].try_into().unwrap()), 4096);
+    c.request(0, cmd::READ, 3, 4097, 3, &[]).await;
+    assert_eq!(c.simple_reply(0).await.0, errno::EINVAL);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_status_needs_a_context_for_the_same_export() {
     let (server, _dir) = standard_server(quick_config()).await;
     let mut c = Raw::connect(&server).await;

@@ -188,10 +188,12 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
-    /// Locks the raid1/raid10 lock units covering `[sector, sector + sectors)`.
+    /// Locks the lock units covering `[sector, sector + sectors)` of a linear, raid0, raid1 or
+    /// raid10 array. (Linear and raid0 writes lock too, so that a byte-granular write's
+    /// read-modify-write of a sector is not interleaved with another write to it.)
     pub(super) async fn lock_mirror_range(&self, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
         let unit = match self.geometry.level() {
-            Level::Raid1 => MIRROR_LOCK_SECTORS,
+            Level::Linear | Level::Raid0 | Level::Raid1 => MIRROR_LOCK_SECTORS,
             Level::Raid10 => u64::from(self.geometry.chunk_sectors()),
             _ => return Vec::new(),
         };
@@ -205,6 +207,12 @@ impl<M: Member + ?Sized> Array<M> {
             return Ok(());
         }
         let _guards = self.lock_mirror_range(start_sector, sectors).await;
+        self.write_mirrored_locked(start_sector, data, fua).await
+    }
+
+    /// [`write_mirrored`](Self::write_mirrored) with the lock units already held.
+    pub(super) async fn write_mirrored_locked(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
+        let sectors = data.len() as u64 / SECTOR_BYTES;
         let _intent = self.intent_begin(start_sector..start_sector + sectors).await?;
         let pieces = self.writable_copies(start_sector, sectors)?;
         let runs = coalesce(pieces);

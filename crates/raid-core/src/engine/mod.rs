@@ -39,6 +39,7 @@ mod scrub;
 mod slot;
 mod stripe;
 mod stripe_plan;
+mod unaligned;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -437,5 +438,11 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
     }
     fn write_in_place(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, Option<Vec<FileExtent>>> {
         Box::pin(Array::write_in_place(self, offset_bytes, len_bytes))
+    }
+    fn writes_bytes(&self) -> bool {
+        true
+    }
+    fn write_bytes<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
+        Box::pin(Array::write_bytes(self, offset_bytes, data, fua))
     }
 }

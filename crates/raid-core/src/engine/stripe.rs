@@ -108,6 +108,17 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     pub(super) async fn read_striped(&self, start_sector: u64, len_bytes: usize) -> Result<ReadData> {
+        self.read_striped_in(start_sector, len_bytes, false).await
+    }
+
+    /// Reads, with the stripes' locks already held by the caller when `stripes_locked`
+    /// (a degraded read then rebuilds without taking them again).
+    pub(super) async fn read_striped_in(
+        &self,
+        start_sector: u64,
+        len_bytes: usize,
+        stripes_locked: bool,
+    ) -> Result<ReadData> {
         let end = start_sector + len_bytes as u64 / SECTOR_BYTES;
         let mut out = ReadAssembler::new(len_bytes);
         let (mut direct, mut degraded) = (Vec::new(), Vec::new());
@@ -145,8 +156,10 @@ impl<M: Member + ?Sized> Array<M> {
                 req_offset_bytes: p.req_offset_bytes,
             });
         }
-        let rebuilt =
-            join_all(by_stripe.into_iter().map(|(stripe, wanted)| self.read_degraded_stripe(stripe, wanted))).await;
+        let rebuilt = join_all(
+            by_stripe.into_iter().map(|(stripe, wanted)| self.read_degraded_stripe(stripe, wanted, stripes_locked)),
+        )
+        .await;
         for result in rebuilt {
             for (buf, pieces) in result? {
                 let b = out.add_buf(buf);
@@ -160,8 +173,13 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Rebuilds the wanted data pieces of one stripe from its readable blocks.
     /// Returns block buffers with the placement of each piece.
-    async fn read_degraded_stripe(&self, stripe: u64, wanted: Vec<WantedPiece>) -> Result<RebuiltPieces> {
-        let _guard = self.locks.lock(stripe).await;
+    async fn read_degraded_stripe(&self, stripe: u64, wanted: Vec<WantedPiece>, locked: bool) -> Result<RebuiltPieces> {
+        let _guard = if locked {
+            debug_assert!(self.locks.is_locked(stripe), "the caller holds stripe {stripe}'s lock");
+            None
+        } else {
+            Some(self.locks.lock(stripe).await)
+        };
         let lo = wanted.iter().map(|w| w.row).min().expect("at least one piece");
         let hi = wanted.iter().map(|w| w.row + w.sectors as u32).max().expect("at least one piece");
         let mut blocks = self.load_stripe_rows(stripe, (lo, hi)).await?;
@@ -251,6 +269,20 @@ impl<M: Member + ?Sized> Array<M> {
         let stripes: Vec<u64> = writes.iter().map(|w| w.stripe).collect();
         let _guards = self.locks.lock_all(stripes).await;
         self.write_stripes_locked(&writes, src, fua).await
+    }
+
+    /// The stripes `[start_sector, +sectors)` lies in, in ascending order (the keys its
+    /// write locks).
+    pub(super) fn stripes_of(&self, start_sector: u64, sectors: u64) -> Vec<u64> {
+        let pg = self.parity_geometry();
+        stripe_writes(start_sector, sectors, pg.chunk_sectors(), pg.data_disks()).iter().map(|w| w.stripe).collect()
+    }
+
+    /// Writes whole sectors with the stripes' locks already held.
+    pub(super) async fn write_striped_locked(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
+        let pg = self.parity_geometry();
+        let writes = stripe_writes(start_sector, data.len() as u64 / SECTOR_BYTES, pg.chunk_sectors(), pg.data_disks());
+        self.write_stripes_locked(&writes, WriteSource::Data(data), fua).await
     }
 
     async fn write_stripes_locked(&self, writes: &[StripeWrite], src: WriteSource<'_>, fua: bool) -> Result<()> {

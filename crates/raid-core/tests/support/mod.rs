@@ -34,11 +34,31 @@ pub struct Config {
 
 #[derive(Debug, Clone)]
 pub enum Op {
-    Write { offset: u64, len: u64, seed: u64 },
-    Read { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: u64,
+        seed: u64,
+    },
+    /// `Array::write_bytes` at any byte offset and length.
+    WriteBytes {
+        offset: u64,
+        len: u64,
+        seed: u64,
+    },
+    Read {
+        offset: u64,
+        len: u64,
+    },
     Flush,
-    Trim { offset: u64, len: u64 },
-    Zero { offset: u64, len: u64, deallocate: bool },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+    },
 }
 
 /// Unresolved operation: positions are fractions of the array, resolved by the rig.
@@ -310,7 +330,13 @@ impl Rig {
                 let len = len_sectors.clamp(1, (sectors - at).min((32 << 20) / SECTOR));
                 let (offset, len) = (at * SECTOR, len * SECTOR);
                 match r.kind {
-                    0..=3 => Op::Write { offset, len, seed: r.seed },
+                    3 => {
+                        // Anywhere in the sectors chosen, any length up to theirs.
+                        let start = offset + r.seed % SECTOR;
+                        let len = (1 + u64::from(r.len_raw) % len).min(self.size() - start).max(1);
+                        Op::WriteBytes { offset: start.min(self.size() - 1), len, seed: r.seed }
+                    }
+                    0..=2 => Op::Write { offset, len, seed: r.seed },
                     4..=6 => Op::Read { offset, len },
                     7 => Op::Flush,
                     8 => Op::Trim { offset, len },
@@ -356,6 +382,23 @@ impl Rig {
                 block_on(self.array.write(offset, &data, seed % 3 == 0)).unwrap_or_else(|e| panic!("{op:?}: {e}"));
                 self.model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
                 self.set_known(offset, len, true);
+            }
+            Op::WriteBytes { offset, len, seed } => {
+                // Learn trimmed edge sectors first: the bytes around the write stay as they are.
+                for sector in [offset / SECTOR, (offset + len - 1) / SECTOR] {
+                    if !self.known[sector as usize] {
+                        let at = sector * SECTOR;
+                        let now = block_on(self.array.read(at, SECTOR as usize)).expect("read").to_vec();
+                        self.model[at as usize..(at + SECTOR) as usize].copy_from_slice(&now);
+                        self.known[sector as usize] = true;
+                    }
+                }
+                let data = pattern(seed, len as usize);
+                block_on(self.array.write_bytes(offset, &data, seed % 3 == 0))
+                    .unwrap_or_else(|e| panic!("{op:?}: {e}"));
+                self.model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+                let (first, last) = (offset / SECTOR, (offset + len - 1) / SECTOR);
+                self.known[first as usize..=last as usize].fill(true);
             }
             Op::Read { offset, len } => {
                 let got =
@@ -503,6 +546,36 @@ impl Rig {
         for m in &self.members {
             m.yield_once.store(false, Ordering::Relaxed);
         }
+    }
+
+    /// `count` byte-granular writes at once that tile a byte range without overlapping, each
+    /// 1 to 1500 bytes, so that several share each sector they touch (members yield once per
+    /// operation, so the writes interleave).
+    pub fn run_concurrent_byte_writes(&mut self, count: usize, seed: u64) {
+        for m in &self.members {
+            m.yield_once.store(true, Ordering::Relaxed);
+        }
+        let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut at = 37u64;
+        for i in 0..count as u64 {
+            let len = 1 + (seed.wrapping_mul(i + 11).rotate_left(17) % 1500);
+            if at + len > self.size() {
+                break;
+            }
+            writes.push((at, pattern(seed ^ (i << 8), len as usize)));
+            at += len;
+        }
+        let array = &self.array;
+        block_on(futures::future::join_all(writes.iter().map(|(off, d)| array.write_bytes(*off, d, false))))
+            .into_iter()
+            .for_each(|r| r.expect("concurrent byte write"));
+        for (off, d) in &writes {
+            self.model[*off as usize..*off as usize + d.len()].copy_from_slice(d);
+        }
+        for m in &self.members {
+            m.yield_once.store(false, Ordering::Relaxed);
+        }
+        self.check_whole_array();
     }
 }
 
