@@ -53,9 +53,9 @@ declare -A TOOL_PACKAGE=(
 # package when it is missing from the initramfs).
 NBD_SERVER=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v nbd-server || true)
 # Modules the guest may need; their dependencies are resolved with modprobe --show-depends.
-MODULES=(virtio_pci virtio_blk crc32c_intel crc32c_generic ext4 loop nbd
+MODULES=(virtio_pci virtio_blk crc32c_intel crc32c_generic ext4 loop nbd tls gcm ctr ghash_generic aesni_intel
          md_mod linear raid0 raid1 raid10 raid456)
-# Loaded by /init at boot, in this order (nbd is left to the scenarios: they modprobe it).
+# Loaded by /init at boot, in this order (nbd and tls are left to the scenarios: they modprobe them).
 BOOT_MODULES=(virtio_pci virtio_blk crc32c_intel crc32c_generic ext4 loop
               md_mod linear raid0 raid1 raid10 raid456)
 

@@ -37,9 +37,10 @@ use crate::access::allowed;
 use crate::config::{Export, ServerConfig, validate_exports};
 use crate::error::{Error, Result};
 use crate::handshake::{Negotiated, Outcome, Policy, TlsState, greet, haggle};
+use crate::protocol::handshake_codec::ClientFlags;
 use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
-use crate::tls::Tls;
+use crate::tls::{PeerIdentity, TcpSession, Tls};
 use crate::transmission::{self, Transmission};
 
 /// A byte stream an NBD connection can run on, splittable into independent halves so
@@ -48,6 +49,13 @@ pub trait NbdStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     type ReadHalf: RequestSource;
     type WriteHalf: ReplySink;
     fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf);
+    /// The TCP socket, if this is one (for kernel TLS).
+    fn into_tcp(self) -> std::result::Result<TcpStream, Self>
+    where
+        Self: Sized,
+    {
+        Err(self)
+    }
 }
 
 impl NbdStream for TcpStream {
@@ -55,6 +63,9 @@ impl NbdStream for TcpStream {
     type WriteHalf = tokio::net::tcp::OwnedWriteHalf;
     fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf) {
         self.into_split()
+    }
+    fn into_tcp(self) -> std::result::Result<TcpStream, Self> {
+        Ok(self)
     }
 }
 
@@ -321,17 +332,44 @@ impl Server {
             Outcome::Transmission(negotiated) => self.transmit(stream, buf, negotiated, shutdown).await,
             Outcome::StartTls => {
                 let credentials = &self.inner.tls.as_ref().expect("STARTTLS is acknowledged only with TLS").credentials;
-                let (tls_stream, peer) = handshake_step(deadline, timeout, credentials.accept(stream)).await?;
-                debug!(?peer, "TLS established");
-                let mut stream = GenericStream(tls_stream);
-                let policy = Policy { exports, tls: TlsState::Established(&peer) };
-                let haggled = haggle(&mut stream, &mut buf, flags, &policy, &shutdown);
-                match handshake_step(deadline, timeout, haggled).await? {
-                    Outcome::Closed => Ok(()),
-                    Outcome::Transmission(negotiated) => self.transmit(stream, buf, negotiated, shutdown).await,
-                    Outcome::StartTls => Err(Error::protocol("STARTTLS acknowledged twice")),
+                let tcp = if credentials.may_use_kernel_tls() { stream.into_tcp() } else { Err(stream) };
+                let secured = Secured { deadline, timeout, flags, shutdown };
+                match tcp {
+                    Ok(tcp) => match handshake_step(deadline, timeout, credentials.accept_tcp(tcp)).await? {
+                        (TcpSession::Kernel { tcp, plaintext }, peer) => {
+                            debug!(?peer, "TLS established, in the kernel");
+                            buf.extend_from_slice(&plaintext);
+                            self.after_starttls(tcp, buf, &peer, secured).await
+                        }
+                        (TcpSession::User(tls), peer) => {
+                            debug!(?peer, "TLS established");
+                            self.after_starttls(GenericStream(tls), buf, &peer, secured).await
+                        }
+                    },
+                    Err(stream) => {
+                        let (tls, peer) = handshake_step(deadline, timeout, credentials.accept(stream)).await?;
+                        debug!(?peer, "TLS established");
+                        self.after_starttls(GenericStream(tls), buf, &peer, secured).await
+                    }
                 }
             }
+        }
+    }
+
+    /// Option haggling again on the TLS stream, then transmission.
+    async fn after_starttls<T: NbdStream>(
+        &self,
+        mut stream: T,
+        mut buf: BytesMut,
+        peer: &PeerIdentity,
+        s: Secured,
+    ) -> Result<()> {
+        let policy = Policy { exports: &self.inner.exports, tls: TlsState::Established(peer) };
+        let haggled = haggle(&mut stream, &mut buf, s.flags, &policy, &s.shutdown);
+        match handshake_step(s.deadline, s.timeout, haggled).await? {
+            Outcome::Closed => Ok(()),
+            Outcome::Transmission(negotiated) => self.transmit(stream, buf, negotiated, s.shutdown).await,
+            Outcome::StartTls => Err(Error::protocol("STARTTLS acknowledged twice")),
         }
     }
 
@@ -366,6 +404,14 @@ impl Server {
         };
         transmission::run(reader, writer, buf, t).await
     }
+}
+
+/// What carries over a STARTTLS into the rest of the handshake.
+struct Secured {
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    flags: ClientFlags,
+    shutdown: CancellationToken,
 }
 
 /// Runs one step of the handshake phase, which must end by `deadline` (`timeout` after accept).

@@ -8,6 +8,9 @@
 //!   `tls-creds-psk` and libnbd's `tls-psk-file` read them. rustls has no external PSKs, so
 //!   these are served with OpenSSL's PSK callback (TLS 1.3 and 1.2 PSK suites).
 //!
+//! On TCP, an X.509 session is handed to the kernel after the handshake when the kernel
+//! can take it (`kernel_tls`), and the connection continues as a plain TCP stream.
+//!
 //! What a connection proved about its peer ([`PeerIdentity`]) is kept for per-export access
 //! rules: the DNS names of a verified client certificate, or the PSK identity.
 //!
@@ -25,6 +28,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
 
@@ -99,7 +103,11 @@ impl TlsCredentials {
         } else {
             builder.with_no_client_auth()
         };
-        let config = builder.with_single_cert(chain, key).map_err(|e| config_error(&key_path, e))?;
+        let mut config = builder.with_single_cert(chain, key).map_err(|e| config_error(&key_path, e))?;
+        // For the hand-over to kernel TLS; no session tickets (nothing resumes sessions, and
+        // none may be in flight at the hand-over).
+        config.enable_secret_extraction = true;
+        config.send_tls13_tickets = 0;
         Ok(Self {
             kind: Kind::X509 {
                 acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
@@ -147,12 +155,8 @@ impl TlsCredentials {
         match &self.kind {
             Kind::X509 { acceptor, verifies_peer } => {
                 let tls = acceptor.accept(stream).await.map_err(|e| handshake(&e))?;
-                let (_, connection) = tls.get_ref();
-                let certificate = match connection.peer_certificates() {
-                    Some([end_entity, ..]) if *verifies_peer => Some(end_entity.clone().into_owned()),
-                    _ => None,
-                };
-                Ok((TlsStream::Rustls(Box::new(tls)), PeerIdentity::Certificate(certificate)))
+                let peer = PeerIdentity::of_rustls(tls.get_ref().1, *verifies_peer);
+                Ok((TlsStream::Rustls(Box::new(tls)), peer))
             }
             Kind::Psk(acceptor) => {
                 let ssl = openssl::ssl::Ssl::new(acceptor.context()).map_err(|e| handshake(&e))?;
@@ -174,6 +178,44 @@ fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
         .and_then(|key| key.private_key_to_pkcs8())
         .map_err(|e| config_error(path, format!("not a usable PEM private key: {e}")))?;
     Ok(PrivateKeyDer::Pkcs8(pkcs8.into()))
+}
+
+/// A TLS session on a TCP socket: in the kernel (the socket now carries plaintext for us,
+/// `plaintext` being what rustls had already decrypted), or in user space.
+pub(crate) enum TcpSession {
+    Kernel { tcp: TcpStream, plaintext: Vec<u8> },
+    User(TlsStream<ktls::CorkStream<TcpStream>>),
+}
+
+impl TlsCredentials {
+    /// Whether [`accept_tcp`](Self::accept_tcp) may hand sessions to the kernel.
+    pub(crate) fn may_use_kernel_tls(&self) -> bool {
+        matches!(self.kind, Kind::X509 { .. }) && crate::kernel_tls::available()
+    }
+
+    /// The TLS handshake on a TCP socket, then the hand-over to the kernel when the session's
+    /// cipher suits it. Only when [`may_use_kernel_tls`](Self::may_use_kernel_tls).
+    pub(crate) async fn accept_tcp(&self, tcp: TcpStream) -> Result<(TcpSession, PeerIdentity)> {
+        let Kind::X509 { acceptor, verifies_peer } = &self.kind else {
+            unreachable!("kernel TLS is offered for X.509 only")
+        };
+        let tls = acceptor.accept(ktls::CorkStream::new(tcp)).await.map_err(|e| Error::Tls(e.to_string()))?;
+        let (_, connection) = tls.get_ref();
+        let peer = PeerIdentity::of_rustls(connection, *verifies_peer);
+        if !crate::kernel_tls::suits(connection.negotiated_cipher_suite()) {
+            return Ok((TcpSession::User(TlsStream::Rustls(Box::new(tls))), peer));
+        }
+        match ktls::config_ktls_server(tls).await {
+            Ok(kernel) => {
+                let (plaintext, tcp) = kernel.into_raw();
+                Ok((TcpSession::Kernel { tcp, plaintext: plaintext.unwrap_or_default() }, peer))
+            }
+            Err(e) => {
+                crate::kernel_tls::disable(&e);
+                Err(Error::Tls(format!("kernel TLS hand-over: {e}")))
+            }
+        }
+    }
 }
 
 /// Parses psktool's `identity:hexkey` lines (blank lines ignored).
@@ -226,6 +268,14 @@ pub(crate) enum PeerIdentity {
 }
 
 impl PeerIdentity {
+    fn of_rustls(connection: &rustls::ServerConnection, verifies_peer: bool) -> Self {
+        let certificate = match connection.peer_certificates() {
+            Some([end_entity, ..]) if verifies_peer => Some(end_entity.clone().into_owned()),
+            _ => None,
+        };
+        PeerIdentity::Certificate(certificate)
+    }
+
     /// Whether the peer is `name`: a DNS name its verified certificate is valid for, or its
     /// PSK identity.
     pub(crate) fn is(&self, name: &str) -> bool {

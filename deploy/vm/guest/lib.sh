@@ -112,6 +112,17 @@ dev_digest() { # DEV [MIB]: md5 of the whole device, or of its first MIB MiB (O_
   if [ $# -ge 2 ]; then dd if="$1" bs=1M count="$2" iflag=direct status=none | md5sum | cut -d' ' -f1
   else dd if="$1" bs=1M iflag=direct status=none | md5sum | cut -d' ' -f1; fi
 }
+in_place_bytes() { # [read|write]: the export's raidnbd_export_{read|write}_in_place_bytes_total
+  wget -q -O - "http://${METRICS:-127.0.0.1:9109}/metrics" > /tmp/metrics.txt || fail "cannot fetch http://$METRICS/metrics"
+  name="raidnbd_export_${1:-read}_in_place_bytes_total"
+  v=$(sed -n "s/^$name{export=\"rig\"} \\([0-9.e+]*\\)\$/\\1/p" /tmp/metrics.txt)
+  [ -n "$v" ] || fail "no $name in the metrics"
+  awk -v v="$v" 'BEGIN{printf "%.0f\n", v}'
+}
+expect_grew() { # BEFORE AFTER AT-LEAST WHAT
+  [ "$2" -ge $(($1 + $3)) ] || fail "$4: in-place bytes went from $1 to $2 (expected +$3 at least)"
+  echo "ok: $4: $(($2 - $1)) bytes in place"
+}
 fill_dev() { # DEV PATTERN: overwrite all of DEV with the start of PATTERN (a file at least as big)
   fd_bytes=$(size_bytes "$1")
   fd_mib=$((fd_bytes / 1048576)) fd_rest_4k=$(( (fd_bytes % 1048576) / 4096 ))

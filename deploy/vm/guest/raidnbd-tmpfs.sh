@@ -26,17 +26,6 @@ rig_debug() {
   raidnbd_ctl status 2>&1
   echo "-- raidnbd log:"; tail -n 40 "$RAIDNBD_LOG" 2>/dev/null
 }
-in_place_bytes() { # [read|write]: the export's raidnbd_export_{read|write}_in_place_bytes_total
-  wget -q -O - "http://$METRICS/metrics" > /tmp/metrics.txt || fail "cannot fetch http://$METRICS/metrics"
-  name="raidnbd_export_${1:-read}_in_place_bytes_total"
-  v=$(sed -n "s/^$name{export=\"rig\"} \\([0-9.e+]*\\)\$/\\1/p" /tmp/metrics.txt)
-  [ -n "$v" ] || fail "no $name in the metrics"
-  awk -v v="$v" 'BEGIN{printf "%.0f\n", v}'
-}
-expect_grew() { # BEFORE AFTER AT-LEAST WHAT
-  [ "$2" -ge $(($1 + $3)) ] || fail "$4: in-place bytes went from $1 to $2 (expected +$3 at least)"
-  echo "ok: $4: $(($2 - $1)) bytes in place"
-}
 
 step "tmpfs members, raidnbd create --level 1, modprobe nbd"
 run modprobe nbd nbds_max=4
