@@ -276,6 +276,11 @@ pub struct ServeArgs {
     /// [default: never; the kernel client keeps idle connections open].
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
+    /// Close a connection that holds the server's byte budget for a request and makes no
+    /// progress for this many seconds (a WRITE payload that stops arriving, replies it does
+    /// not read) [default: 60].
+    #[arg(long, value_name = "SECONDS")]
+    pub stall_timeout: Option<u64>,
     /// TLS: off, on (offered) or require (before anything else) [default: off].
     #[arg(long, value_enum, value_name = "MODE")]
     pub tls: Option<TlsMode>,

@@ -14,6 +14,7 @@
 //! on_event = "/usr/local/sbin/raidnbd-event"
 //! handshake_timeout = 10   # seconds
 //! idle_timeout = 600       # seconds; default: never
+//! stall_timeout = 60       # seconds
 //! tls = "require"          # off | on | require (per export: on | require)
 //! tls_certificates = "/etc/raidnbd/pki"   # server-cert.pem, server-key.pem, ca-cert.pem
 //! tls_verify_peer = true
@@ -57,6 +58,7 @@ pub struct ConfigFile {
     pub on_event: Option<String>,
     pub handshake_timeout: Option<u64>,
     pub idle_timeout: Option<u64>,
+    pub stall_timeout: Option<u64>,
     pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
@@ -296,7 +298,7 @@ mod tests {
     fn sample_value(key: &str) -> &'static str {
         match key {
             "read_only" | "force" | "require_all" | "buffered" | "tls_verify_peer" => "true",
-            "member_iops" | "handshake_timeout" | "idle_timeout" => "5",
+            "member_iops" | "handshake_timeout" | "idle_timeout" | "stall_timeout" => "5",
             "listen" | "members" | "tls_peer" | "allow" => "[\"127.0.0.1:1\"]",
             "metrics" => "\"127.0.0.1:9\"",
             _ => "\"x\"",

@@ -144,15 +144,20 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
             let defaults = ServerConfig::default();
             if args.handshake_timeout.or(file.handshake_timeout) == Some(0)
                 || args.idle_timeout.or(file.idle_timeout) == Some(0)
+                || args.stall_timeout.or(file.stall_timeout) == Some(0)
             {
                 bail!(
-                    "--handshake-timeout and --idle-timeout take at least 1 second (leave --idle-timeout out for never)"
+                    "--handshake-timeout, --idle-timeout and --stall-timeout take at least 1 second (leave --idle-timeout out for never)"
                 );
             }
             let handshake = args.handshake_timeout.or(file.handshake_timeout);
             ServerConfig {
                 handshake_timeout: handshake.map_or(defaults.handshake_timeout, Duration::from_secs),
                 idle_timeout: args.idle_timeout.or(file.idle_timeout).map(Duration::from_secs),
+                stall_timeout: args
+                    .stall_timeout
+                    .or(file.stall_timeout)
+                    .map_or(defaults.stall_timeout, Duration::from_secs),
                 allowed_addresses: if args.allow.is_empty() { file.allow()? } else { args.allow.clone() },
                 ..defaults
             }

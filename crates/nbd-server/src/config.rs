@@ -86,6 +86,10 @@ pub struct ServerConfig {
     /// A connection in transmission with no request in flight and none arriving for this long
     /// is closed (`None`: never; the kernel client keeps idle connections open for good).
     pub idle_timeout: Option<Duration>,
+    /// A connection that holds permits for a request and makes no progress for this long
+    /// (a WRITE payload that stops arriving, a batch of replies the client does not read) is
+    /// closed, so that what it held goes back to the others.
+    pub stall_timeout: Duration,
     /// IP peers outside these ranges are closed at accept (empty: any peer).
     pub allowed_addresses: Vec<AddressRange>,
 }
@@ -99,6 +103,7 @@ impl Default for ServerConfig {
             max_requests_per_connection: 256,
             shutdown_grace: Duration::from_secs(30),
             idle_timeout: None,
+            stall_timeout: Duration::from_secs(60),
             allowed_addresses: Vec::new(),
         }
     }
@@ -113,6 +118,9 @@ impl ServerConfig {
             return Err(Error::Config(format!(
                 "max_requests_per_connection must be between 1 and {MAX_REQUESTS_PER_CONNECTION}"
             )));
+        }
+        if self.stall_timeout.is_zero() {
+            return Err(Error::Config("stall_timeout must be positive".into()));
         }
         if self.max_in_flight_bytes < MAX_PAYLOAD_BYTES as usize {
             return Err(Error::Config(format!(

@@ -23,6 +23,10 @@ pub enum Error {
     /// The peer closed the connection in the middle of a message.
     #[error("connection closed by peer mid-message")]
     UnexpectedEof,
+    /// A client held resources for a request and made no progress (a WRITE payload that
+    /// stopped arriving, replies it did not read) for the stall timeout.
+    #[error("client stopped {what} for {after:?}; closing")]
+    Stalled { what: &'static str, after: Duration },
     #[error("handshake not finished within {0:?}")]
     HandshakeTimeout(Duration),
     /// EXPORT_NAME named an export that does not exist (the spec demands a hard disconnect).

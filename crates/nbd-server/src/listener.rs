@@ -302,7 +302,11 @@ impl Server {
             match self.connection(stream, shutdown).await {
                 Ok(()) => debug!("closed"),
                 Err(
-                    e @ (Error::Protocol(_) | Error::UnknownExport(_) | Error::HandshakeTimeout(_) | Error::Tls(_)),
+                    e @ (Error::Protocol(_)
+                    | Error::UnknownExport(_)
+                    | Error::HandshakeTimeout(_)
+                    | Error::Tls(_)
+                    | Error::Stalled { .. }),
                 ) => {
                     warn!(error = %e, "connection dropped");
                 }
@@ -400,6 +404,7 @@ impl Server {
             in_flight_pool_bytes: self.inner.config.max_in_flight_bytes,
             max_requests: self.inner.config.max_requests_per_connection,
             idle_timeout: self.inner.config.idle_timeout,
+            stall_timeout: self.inner.config.stall_timeout,
             shutdown,
         };
         transmission::run(reader, writer, buf, t).await

@@ -113,12 +113,13 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
                     };
                     let received = match targets {
                         Some(targets) => {
-                            let receive = receive_in_place(&mut self.reader, &mut self.buf, &targets, payload);
+                            let stall = gate.t.stall_timeout;
+                            let receive = receive_in_place(&mut self.reader, &mut self.buf, &targets, payload, stall);
                             let received = gate.interruptible(receive).await;
                             received.map(|r| r.map(|put| put.map_or_else(Payload::Failed, |()| Payload::Received)))
                         }
                         None => {
-                            let read = read_payload(&mut self.reader, &mut self.buf, payload);
+                            let read = read_payload(&mut self.reader, &mut self.buf, payload, gate.t.stall_timeout);
                             gate.interruptible(read).await.map(|r| r.map(Payload::Data))
                         }
                     };

@@ -90,6 +90,8 @@ pub(crate) struct Transmission {
     pub max_requests: usize,
     /// `ServerConfig::idle_timeout`.
     pub idle_timeout: Option<std::time::Duration>,
+    /// `ServerConfig::stall_timeout`.
+    pub stall_timeout: std::time::Duration,
     pub shutdown: CancellationToken,
 }
 
@@ -101,7 +103,8 @@ where
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let abort = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(t.max_requests));
-    let shared = Arc::new(Mutex::new(SocketWriter { writer, scratch: Vec::with_capacity(16 * 1024) }));
+    let stall_timeout = t.stall_timeout;
+    let shared = Arc::new(Mutex::new(SocketWriter { writer, scratch: Vec::with_capacity(16 * 1024), stall_timeout }));
     let writer_task = tokio::spawn(write_loop(shared.clone(), rx, abort.clone()).in_current_span());
 
     let bytes = ByteBudget::new(t.in_flight_bytes.clone(), t.in_flight_pool_bytes);
@@ -227,12 +230,11 @@ where
                     if outgoing.reply.wire_len() >= DIRECT_REPLY_MIN_BYTES
                         && let Ok(mut guard) = shared.try_lock()
                     {
-                        let SocketWriter { writer, scratch } = &mut *guard;
                         tokio::select! {
                             biased;
                             // A hard disconnect abandons the write, as `write_loop` does.
                             _ = abort.cancelled() => {}
-                            written = write_batch(writer, std::slice::from_ref(&outgoing), scratch) => {
+                            written = write_batch(&mut guard, std::slice::from_ref(&outgoing)) => {
                                 if let Err(e) = written {
                                     debug!(error = %e, "reply write failed");
                                     abort.cancel();

@@ -3,6 +3,7 @@
 //! once the payload is in (`WakeThreshold`, `RequestSource::set_wake_threshold`).
 
 use std::task::Context;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
@@ -14,6 +15,13 @@ use crate::device::{DeviceError, DeviceResult, RECEIVE_IN_PLACE_MIN_BYTES, Write
 use crate::error::{Error, Result};
 use crate::read_buffer::discard;
 use crate::request_source::RequestSource;
+
+/// One read of a payload, which fails the connection if the client sends nothing for `stall`.
+async fn progress<T>(stall: Duration, read: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(stall, read)
+        .await
+        .map_err(|_| Error::Stalled { what: "sending a WRITE payload", after: stall })
+}
 
 /// A WRITE payload with at least this much still to come is received whole (`RequestSource`).
 const WAKE_FOR_PAYLOAD_MIN_BYTES: usize = 128 * 1024;
@@ -53,6 +61,7 @@ pub(super) async fn receive_in_place<R: RequestSource>(
     buf: &mut BytesMut,
     targets: &[WriteTarget],
     len: usize,
+    stall: Duration,
 ) -> Result<DeviceResult<()>> {
     debug_assert!(buf.len() < len);
     let buffered = buf.split().freeze();
@@ -73,12 +82,12 @@ pub(super) async fn receive_in_place<R: RequestSource>(
         // SAFETY: the iovecs point into mappings `targets` keeps alive across the call; the
         // crate never makes references into mapped memory (file_mapping.rs).
         let receive = move |cx: &mut Context<'_>| unsafe { source.poll_receive_into(cx, &list.0[first..]) };
-        let n = match std::future::poll_fn(receive).await {
+        let n = match progress(stall, std::future::poll_fn(receive)).await? {
             Ok(n) => n,
             Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
                 threshold.finish(reader)?;
                 debug!(received = done, len, "cannot receive into the mapping; the rest goes with pwrite");
-                let rest = read_payload(reader, buf, len - done).await?;
+                let rest = read_payload(reader, buf, len - done, stall).await?;
                 return Ok(write_at_targets(targets, done, &rest));
             }
             Err(e) => return Err(e.into()),
@@ -179,7 +188,13 @@ impl WakeThreshold {
 /// Reads a WRITE payload of `len` bytes into its own buffer: the buffered part is copied,
 /// the rest is read straight into a (pooled) payload buffer, whole if it is large
 /// (`RequestSource::set_wake_threshold`).
-pub(super) async fn read_payload<R: RequestSource>(reader: &mut R, buf: &mut BytesMut, len: usize) -> Result<Bytes> {
+/// Each read must bring bytes within `stall` (`ServerConfig::stall_timeout`).
+pub(super) async fn read_payload<R: RequestSource>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    len: usize,
+    stall: Duration,
+) -> Result<Bytes> {
     debug_assert!(buf.len() < len);
     let mut payload = buffer_pool::alloc(len);
     payload.extend_from_slice(buf);
@@ -188,7 +203,8 @@ pub(super) async fn read_payload<R: RequestSource>(reader: &mut R, buf: &mut Byt
     while payload.len() < len {
         let remaining = len - payload.len();
         threshold.before_read(reader, remaining, false)?;
-        if (&mut *reader).take(remaining as u64).read_buf(&mut payload).await? == 0 {
+        let mut limited = (&mut *reader).take(remaining as u64);
+        if progress(stall, limited.read_buf(&mut payload)).await?? == 0 {
             return Err(Error::UnexpectedEof);
         }
     }
@@ -277,7 +293,7 @@ mod tests {
             }
             let mut reader = Pieces { pieces, threshold: Mutex::new(1), thresholds_set: Mutex::new(Vec::new()) };
             let mut buf = BytesMut::from(&data[..buffered]);
-            let payload = read_payload(&mut reader, &mut buf, len).await.unwrap();
+            let payload = read_payload(&mut reader, &mut buf, len, Duration::from_secs(5)).await.unwrap();
             assert!(payload[..] == data[..], "payload bytes in order");
             assert_eq!(*reader.threshold.lock().unwrap(), 1, "threshold restored for the next header");
             let set = reader.thresholds_set.into_inner().unwrap();

@@ -6,6 +6,7 @@
 
 use std::io::IoSlice;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc};
@@ -13,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::BytePermit;
 use crate::device::FileRange;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::protocol::reply::{Reply, Segment};
 use crate::send_file::{ReplySink, write_all_vectored};
 
@@ -33,6 +34,9 @@ pub(super) struct Outgoing {
 pub(super) struct SocketWriter<W> {
     pub(super) writer: W,
     pub(super) scratch: Vec<u8>,
+    /// A batch the client does not take within this long ends the connection
+    /// (`ServerConfig::stall_timeout`): its permits go back to the others.
+    pub(super) stall_timeout: Duration,
 }
 
 pub(super) type SharedWriter<W> = Arc<Mutex<SocketWriter<W>>>;
@@ -58,9 +62,7 @@ impl LocalReplies {
         if self.replies.is_empty() {
             return Ok(());
         }
-        let mut guard = shared.lock().await;
-        let SocketWriter { writer, scratch } = &mut *guard;
-        write_batch(writer, &self.replies, scratch).await?;
+        write_batch(&mut *shared.lock().await, &self.replies).await?;
         self.replies.clear();
         self.bytes = 0;
         Ok(())
@@ -118,11 +120,7 @@ pub(super) async fn write_loop<W: ReplySink>(
         let written = tokio::select! {
             biased;
             _ = abort.cancelled() => return Ok(()),
-            written = async {
-                let mut guard = shared.lock().await;
-                let SocketWriter { writer, scratch } = &mut *guard;
-                write_batch(writer, &batch, scratch).await
-            } => written,
+            written = async { write_batch(&mut *shared.lock().await, &batch).await } => written,
         };
         if let Err(e) = written {
             abort.cancel();
@@ -136,8 +134,17 @@ pub(super) async fn write_loop<W: ReplySink>(
     Ok(())
 }
 
-/// Writes all replies of `batch` with as few syscalls as the socket allows.
-pub(super) async fn write_batch<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
+/// Writes all replies of `batch` with as few syscalls as the socket allows, within the
+/// stall timeout.
+pub(super) async fn write_batch<W: ReplySink>(socket: &mut SocketWriter<W>, batch: &[Outgoing]) -> Result<()> {
+    let stall = socket.stall_timeout;
+    let SocketWriter { writer, scratch, .. } = socket;
+    tokio::time::timeout(stall, write_replies(writer, batch, scratch))
+        .await
+        .map_err(|_| Error::Stalled { what: "reading its replies", after: stall })?
+}
+
+async fn write_replies<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
     scratch.clear();
     let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(batch.len() * 2);
     for outgoing in batch {

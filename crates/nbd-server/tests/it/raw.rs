@@ -1117,6 +1117,45 @@ async fn file_ranges_are_sent_whole_or_the_connection_closes() {
     server.stop().await.unwrap();
 }
 
+/// Clients that stall while holding the whole byte pool — one never reads the replies to its
+/// READs, one announces a 64 MiB WRITE and sends nothing — are closed after the stall timeout,
+/// so a normal client's 64 MiB READ, which needs the pool, is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stall_holding_the_pool_are_closed_after_the_stall_timeout() {
+    let config = ServerConfig {
+        max_in_flight_bytes: 128 << 20,
+        stall_timeout: Duration::from_secs(1),
+        ..ServerConfig::default()
+    };
+    let server = ServerHandle::start(vec![Export::new("mem", Arc::new(MemoryDevice::new(256 << 20)))], config).await;
+    // Each may hold its share: max(pool / 4, 64 MiB) = 64 MiB, half the pool.
+    let mut reader = Raw::connect(&server).await;
+    reader.go("mem", false, None).await;
+    for k in 0..16u64 {
+        reader.request(0, cmd::READ, k, k * (8 << 20), 8 << 20, &[]).await;
+    }
+    let mut writer = Raw::connect(&server).await;
+    writer.go("mem", false, None).await;
+    writer.send(&request_message(0, cmd::WRITE, 1, 0, 64 << 20, b"only a little")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut c = Raw::connect(&server).await;
+    c.go("mem", false, None).await;
+    c.request(0, cmd::READ, 7, 0, 64 << 20, &[]).await;
+    let (error, cookie, data) = tokio::time::timeout(Duration::from_secs(20), c.simple_reply(64 << 20))
+        .await
+        .expect("the 64 MiB READ is answered once the stalled clients are closed");
+    assert_eq!((error, cookie, data.len()), (0, 7, 64 << 20));
+    println!("answered after {:?}", started.elapsed());
+    // Both stalled connections were closed: the writer sees EOF; the reader gets what the
+    // socket buffers held, then EOF or a reset.
+    writer.expect_closed().await;
+    let mut sink = Vec::new();
+    let drained = tokio::time::timeout(TIMEOUT, reader.stream.read_to_end(&mut sink)).await;
+    assert!(drained.is_ok(), "the stalled reader's connection was closed");
+    server.stop().await.unwrap();
+}
+
 /// 20 clients that stall — 10 never read the replies to their 8 MiB READs, 5 announce a 32 MiB
 /// WRITE and never send its payload, 5 stop in the handshake — hold only their fair share of
 /// the byte budget: for 30 s a normal client's 4 KiB write+read pairs are each answered within
