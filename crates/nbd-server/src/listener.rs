@@ -40,7 +40,7 @@ use crate::handshake::{Negotiated, Outcome, Policy, TlsState, greet, haggle};
 use crate::protocol::handshake_codec::ClientFlags;
 use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
-use crate::tls::{PeerIdentity, TcpSession, Tls};
+use crate::tls::{PeerIdentity, TcpSession, TcpTls, Tls};
 use crate::transmission::{self, Transmission};
 
 /// A byte stream an NBD connection can run on, splittable into independent halves so
@@ -336,9 +336,13 @@ impl Server {
             Outcome::Transmission(negotiated) => self.transmit(stream, buf, negotiated, shutdown).await,
             Outcome::StartTls => {
                 let credentials = &self.inner.tls.as_ref().expect("STARTTLS is acknowledged only with TLS").credentials;
-                let tcp = if credentials.may_use_kernel_tls() { stream.into_tcp() } else { Err(stream) };
                 let secured = Secured { deadline, timeout, flags, shutdown };
-                match tcp {
+                match stream.into_tcp() {
+                    Ok(tcp) if !credentials.may_use_kernel_tls() => {
+                        let (tls, peer) = handshake_step(deadline, timeout, credentials.accept(tcp)).await?;
+                        debug!(?peer, "TLS established");
+                        self.after_starttls(TcpTls(tls), buf, &peer, secured).await
+                    }
                     Ok(tcp) => match handshake_step(deadline, timeout, credentials.accept_tcp(tcp)).await? {
                         (TcpSession::Kernel { tcp, plaintext }, peer) => {
                             debug!(?peer, "TLS established, in the kernel");

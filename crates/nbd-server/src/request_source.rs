@@ -54,21 +54,26 @@ pub trait RequestSource: AsyncRead + Unpin + Send + 'static {
     }
 }
 
+/// Sets `SO_RCVLOWAT` of the socket `fd` (at least 1). The caller keeps `fd` open.
+pub(crate) fn set_receive_low_water(fd: std::os::fd::RawFd, bytes: usize) -> io::Result<()> {
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX).max(1);
+    // SAFETY: the descriptor is open (the caller's contract); `value` lives across the call
+    // and its size is passed with it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
 impl RequestSource for tcp::OwnedReadHalf {
     fn set_wake_threshold(&self, bytes: usize) -> io::Result<()> {
-        let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX).max(1);
-        // SAFETY: the descriptor is open (borrowed from the stream); `value` lives across the
-        // call and its size is passed with it.
-        let r = unsafe {
-            libc::setsockopt(
-                self.as_ref().as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&value as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        set_receive_low_water(self.as_ref().as_raw_fd(), bytes)
     }
 
     fn receives_in_place(&self) -> bool {

@@ -348,6 +348,77 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
     }
 }
 
+/// A user-space TLS session on a TCP socket, split like any other stream, whose read half
+/// still tells the socket how much to wait for (`SO_RCVLOWAT`, see `RequestSource`): whole
+/// WRITE payloads arrive with few wake-ups, which on loopback is work saved for the client.
+pub(crate) struct TcpTls(pub(crate) TlsStream<TcpStream>);
+
+/// Plaintext the TLS library may hold decrypted or half-received: at most a record or two
+/// (16 KiB each), with room to spare. A wake threshold is lowered by this much, so it never
+/// exceeds the ciphertext still to arrive for the bytes the caller waits for.
+const TLS_BUFFERED_MAX_BYTES: usize = 64 * 1024;
+
+/// The read half of a [`TcpTls`], with the socket's descriptor for the wake threshold.
+pub(crate) struct TcpTlsReadHalf {
+    half: tokio::io::ReadHalf<TlsStream<TcpStream>>,
+    fd: std::os::fd::RawFd,
+}
+
+impl AsyncRead for TcpTlsReadHalf {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.half).poll_read(cx, buf)
+    }
+}
+
+impl crate::request_source::RequestSource for TcpTlsReadHalf {
+    fn set_wake_threshold(&self, bytes: usize) -> io::Result<()> {
+        crate::request_source::set_receive_low_water(self.fd, bytes.saturating_sub(TLS_BUFFERED_MAX_BYTES))
+    }
+}
+
+impl AsyncRead for TcpTls {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TcpTls {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl crate::listener::NbdStream for TcpTls {
+    type ReadHalf = TcpTlsReadHalf;
+    type WriteHalf = tokio::io::WriteHalf<TlsStream<TcpStream>>;
+    fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf) {
+        use std::os::fd::AsRawFd;
+        let fd = match &self.0 {
+            TlsStream::Rustls(s) => s.get_ref().0.as_raw_fd(),
+            TlsStream::Openssl(s) => s.get_ref().as_raw_fd(),
+        };
+        let (half, write) = tokio::io::split(self.0);
+        // The descriptor stays open while either half lives (they share the stream).
+        (TcpTlsReadHalf { half, fd }, write)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
