@@ -15,9 +15,10 @@
 //! ```
 //!
 //! The stream type is generic ([`NbdStream`]); TCP and Unix sockets are provided
-//! ([`NbdListener`]). After STARTTLS the connection continues on a TLS stream over it
-//! ([`GenericStream`]: split with `tokio::io::split`, replies copied rather than sent with
-//! `sendfile`).
+//! ([`NbdListener`]). After STARTTLS the connection continues on TCP with the session in the
+//! kernel (kernel TLS: `sendfile` and in-place receive as before), or on a user-space TLS
+//! stream split with `tokio::io::split` (`TcpTls` on TCP, which keeps the payload wake
+//! threshold; [`GenericStream`] otherwise), whose replies are copied, not sent with `sendfile`.
 
 use std::future::Future;
 use std::io;
