@@ -153,7 +153,7 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
         "fail" => array.fail_member(str_field(request, "member")?).await.map_err(err)?,
         "remove" => array.remove_device(str_field(request, "member")?).await.map_err(err)?,
         "add" => {
-            let member = open_for_array(export, str_field(request, "path")?)?;
+            let member = open_for_array(export, str_field(request, "path")?).await?;
             match returning_role(array, member.as_ref()).await {
                 Some(role) => array.re_add(role, member).await.map_err(err)?,
                 None => {
@@ -169,7 +169,7 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
                 .find(|s| s.name.as_deref() == Some(old))
                 .map(|s| s.role)
                 .ok_or_else(|| anyhow!("{old} is not an active member"))?;
-            let member = open_for_array(export, str_field(request, "path")?)?;
+            let member = open_for_array(export, str_field(request, "path")?).await?;
             array.replace(role, member).await.map_err(err)?;
         }
         "check" | "repair" => array.start_scrub(command == "repair").map_err(err)?,
@@ -226,8 +226,8 @@ async fn returning_role(array: &Array<dyn Member>, member: &dyn Member) -> Optio
 }
 
 /// Opens a new member for `export` the way its members were opened.
-fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn Member>> {
-    open_member(path, &export.open_options)
+async fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn Member>> {
+    open_member(path, &export.open_options).await
 }
 
 fn status(export: &ControlledExport) -> Value {

@@ -86,7 +86,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
             bail!("member {arg} is given twice");
         }
         prepare_member_file(arg, args.size)?;
-        let member = open_member(arg, &options)?;
+        let member = open_member(arg, &options).await?;
         if !args.force
             && let Some(what) = find_signature(member.as_ref()).await?
         {
@@ -202,6 +202,9 @@ fn default_io() -> MemberIoArgs {
 
 /// Creates a sparse member file of `size` when it does not exist.
 fn prepare_member_file(path: &str, size: Option<u64>) -> Result<()> {
+    if nbd_client::ExportAddress::is_uri(path) {
+        return Ok(());
+    }
     if Path::new(path).exists() {
         return Ok(());
     }

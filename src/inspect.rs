@@ -29,7 +29,7 @@ async fn candidates(paths: &[String]) -> Result<Vec<Candidate>> {
     let options = read_only_options();
     let mut out = Vec::new();
     for path in paths {
-        let member = open_member(path, &options)?;
+        let member = open_member(path, &options).await?;
         let area = read_superblock_area(member.as_ref()).await?;
         out.push(Candidate::from_bytes(path.clone(), member.len_bytes(), &area));
     }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
-use member_io::{DirectMode, FaultControl, Faulty, OpenOptions, Throttle, ThrottleConfig, Throttled};
+use member_io::{DirectMode, FaultControl, Faulty, NbdMember, OpenOptions, Throttle, ThrottleConfig, Throttled};
 use raid_core::Member;
 use raid_core::engine::Array;
 use raid_core::md::{self, Assembly, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock};
@@ -54,12 +54,19 @@ impl MemberOpenOptions {
 }
 
 /// Opens one member with the chosen engine, throttled and fault-injectable if asked.
-/// Members are named by their canonical path, so `ctl` can name them from anywhere.
-pub fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
-    let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot open member {path}"))?;
-    let name = canonical.to_string_lossy().into_owned();
-    let mut member = member_io::open_member(&canonical, &options.backend_options())
-        .with_context(|| format!("cannot open member {path}"))?;
+/// Members are named by their canonical path, so `ctl` can name them from anywhere; a member
+/// that is an NBD export (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`) by its
+/// URI.
+pub async fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
+    let (name, mut member): (String, Arc<dyn Member>) = if nbd_client::ExportAddress::is_uri(path) {
+        let member = NbdMember::connect(path).await.with_context(|| format!("cannot open member {path}"))?;
+        (path.to_string(), Arc::new(member))
+    } else {
+        let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot open member {path}"))?;
+        let member = member_io::open_member(&canonical, &options.backend_options())
+            .with_context(|| format!("cannot open member {path}"))?;
+        (canonical.to_string_lossy().into_owned(), member)
+    };
     let throttle = options.throttle();
     if throttle.is_active() {
         let throttle = Throttle::new(&throttle).with_context(|| format!("cannot throttle member {path}"))?;
@@ -115,7 +122,7 @@ pub async fn open_array(
     let mut opened_paths = Vec::with_capacity(paths.len());
     let mut absent = Vec::new();
     for path in paths {
-        let member = match open_member(path, options) {
+        let member = match open_member(path, options).await {
             Ok(m) => m,
             Err(e) if !require_all && is_gone(&e) => {
                 tracing::warn!("member {path} is absent ({e:#}): assembling without it");
@@ -157,9 +164,17 @@ pub async fn open_array(
 /// Whether an open failed because the member is not there at all (no such file or device,
 /// a device node whose disk is gone): the cases a dead disk causes.
 fn is_gone(error: &anyhow::Error) -> bool {
-    error.chain().filter_map(|c| c.downcast_ref::<std::io::Error>()).any(|io| {
-        io.kind() == std::io::ErrorKind::NotFound
+    let io_gone = |io: &std::io::Error| {
+        matches!(io.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused)
             || matches!(io.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT))
+    };
+    error.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(io_gone)
+            // An NBD member whose server is not there (refused, no socket) is absent too.
+            || matches!(
+                c.downcast_ref::<nbd_client::ClientError>(),
+                Some(nbd_client::ClientError::Io { source, .. }) if io_gone(source)
+            )
     })
 }
 

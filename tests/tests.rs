@@ -10,6 +10,7 @@ mod ctl_rebuild;
 mod fairness;
 mod io_shape;
 mod metrics;
+mod remote_members;
 mod serve_clients;
 mod service;
 mod tls;

@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! MemberIoError
+//!  ├─ Nbd ── an NBD member (nbd://, nbd+unix://) that cannot be reached or negotiated
 //!  ├─ Open / Create / Stat ── io::Error on a path (source kept)
 //!  ├─ NotFileOrBlockDevice / UnsupportedAlignment / DirectIoRefused ── the path is unusable as asked
 //!  ├─ UringUnavailable ── `--io uring` forced but the probe failed (reason carries errno + fix)
@@ -19,6 +20,10 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MemberIoError {
+    /// A member that is an NBD export could not be reached or negotiated.
+    #[error("cannot open NBD member: {0}")]
+    Nbd(#[from] nbd_client::ClientError),
+
     #[error("cannot open member {path}: {source}")]
     Open {
         path: PathBuf,

@@ -10,6 +10,8 @@
 //!          all = FileMember<engine>: range/alignment checks, short-I/O loops, FUA,
 //!                 discard/write_zeroes fallback chains, O_DIRECT (statx DIOALIGN) or buffered
 //!
+//!  NbdMember ── an NBD export elsewhere (nbd://, nbd+unix://), through nbd-client
+//!
 //!  Throttled<M> = Decorated<M, Throttle>   bandwidth / IOPS / latency token buckets
 //!                                           (cloud-volume emulation)
 //!  Faulty<M> = Decorated<M, FaultGate>     EIO after N ops, in ranges or at random (seeded);
@@ -31,6 +33,7 @@ mod file_ops;
 mod inline;
 mod member_file;
 mod memory_fs;
+mod nbd_member;
 mod options;
 mod probe;
 mod sync_ops;
@@ -43,6 +46,7 @@ pub use factory::{engine_for, open_member, resolve_engine};
 pub use fault::{FaultControl, FaultGate, FaultOps, Faulty};
 pub use file_member::{InlineMember, ThreadPoolMember, UringMember};
 pub use member_file::create_sparse_file;
+pub use nbd_member::NbdMember;
 pub use options::{DirectMode, EngineKind, IO_ENGINE_ENV, IoEngine, OpenOptions};
 pub use probe::{UringUnavailable, uring_probe};
 pub use throttle::{DEFAULT_BURST, IOPS_UNIT_BYTES, Throttle, ThrottleConfig, Throttled, io_cost};

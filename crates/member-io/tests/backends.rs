@@ -335,3 +335,4 @@ fn private_rings_exit_when_dropped() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+

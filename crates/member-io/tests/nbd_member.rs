@@ -1,0 +1,37 @@
+//! The member conformance suite for [`member_io::NbdMember`] over a real NBD server
+//! (nbdkit's memory plugin). Its own test binary: cargo runs test binaries one at a time,
+//! so the nbdkit process does not compete with the timing-sensitive cancellation checks of
+//! the file backends in `member_io`.
+
+use std::sync::Arc;
+
+use raid_core::Member;
+use raid_core::conformance::{InFlight, MIN_MEMBER_BYTES, run_all};
+
+/// A member that is an NBD export: nbdkit's memory plugin over a Unix socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbd_member_over_nbdkit() {
+    let found = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("nbdkit").is_file()));
+    assert!(found, "nbdkit is required: apt-get install nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("m.sock");
+    let mut child = std::process::Command::new("nbdkit")
+        .args(["-f", "--exit-with-parent", "-U"])
+        .arg(&socket)
+        .args(["memory", &MIN_MEMBER_BYTES.to_string()])
+        .spawn()
+        .expect("start nbdkit");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(std::time::Instant::now() < deadline, "nbdkit did not start");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let m = Arc::new(member_io::NbdMember::connect(&uri).await.expect("connect"));
+    assert_eq!(m.len_bytes(), MIN_MEMBER_BYTES);
+    assert_eq!(m.alignment(), 1, "nbdkit serves any byte range");
+    // Buffers are copied in and out of the connection: nothing outlives a dropped future.
+    run_all(m, InFlight::Synchronous).await;
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,300 @@
+//! [`Client`]: one connection to one export, pipelined.
+//!
+//! ```text
+//!  read/write/flush/trim/zero ─▶ checks (range, alignment, payload size) ─▶ byte permits
+//!     ─▶ cookie + waiter registered ─▶ request written by a spawned task (never cut short)
+//!  reader task: replies in any order ─▶ replies.rs (checked, bounded) ─▶ waiter's oneshot
+//! ```
+//!
+//! Requests are written whole or not at all: the write runs in its own task, so a caller
+//! that drops its future cannot leave half a request on the wire. The bytes of READ and
+//! WRITE payloads in flight are bounded by [`ClientConfig::max_in_flight_bytes`]. When the
+//! connection ends (EOF, an I/O error, a protocol violation) every waiting request fails with
+//! the reason, and so does every later one: reconnecting is the caller's business.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nbd_server::protocol::client_codec::encode_request_header;
+use nbd_server::protocol::consts::{cmd, cmd_flags, tflags};
+use nbd_server::protocol::request::RequestHeader;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::address::{Endpoint, ExportAddress};
+use crate::error::{ClientError, Result};
+use crate::handshake::{ExportDetails, negotiate};
+use crate::replies::{Waiter, read_replies};
+
+/// Limits of one connection.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Connecting and the handshake must finish within this.
+    pub connect_timeout: Duration,
+    /// READ and WRITE payload bytes in flight at most (at least the largest request).
+    pub max_in_flight_bytes: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self { connect_timeout: Duration::from_secs(10), max_in_flight_bytes: 64 << 20 }
+    }
+}
+
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// State shared with the reader task.
+pub(crate) struct Shared {
+    pub(crate) address: String,
+    pub(crate) waiters: Mutex<Waiters>,
+}
+
+pub(crate) struct Waiters {
+    pub(crate) next_cookie: u64,
+    pub(crate) by_cookie: HashMap<u64, Waiter>,
+    /// Why the connection ended, once it has.
+    pub(crate) closed: Option<String>,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Waiters> {
+        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends the connection: every waiter, and every later request, fails with `why`.
+    pub(crate) fn close(&self, why: String) {
+        let waiting: Vec<Waiter> = {
+            let mut w = self.lock();
+            w.closed.get_or_insert(why.clone());
+            w.by_cookie.drain().map(|(_, waiter)| waiter).collect()
+        };
+        for waiter in waiting {
+            waiter.fail(ClientError::ConnectionLost { address: self.address.clone(), why: why.clone() });
+        }
+    }
+}
+
+/// A connection to one NBD export.
+pub struct Client {
+    details: ExportDetails,
+    shared: Arc<Shared>,
+    writer: Arc<tokio::sync::Mutex<Writer>>,
+    budget: Arc<Semaphore>,
+    max_in_flight_bytes: usize,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Client {
+    /// Connects to `address` and negotiates its export.
+    pub async fn connect(address: &ExportAddress, config: &ClientConfig) -> Result<Self> {
+        let name = address.to_string();
+        let io = |source| ClientError::Io { address: name.clone(), source };
+        let connect = async {
+            match &address.endpoint {
+                Endpoint::Tcp { host, port } => {
+                    let mut tcp = TcpStream::connect((host.as_str(), *port)).await.map_err(io)?;
+                    tcp.set_nodelay(true).map_err(io)?;
+                    let details = negotiate(&mut tcp, &address.export, &name).await?;
+                    let (r, w) = tcp.into_split();
+                    Ok::<_, ClientError>((
+                        details,
+                        Box::new(r) as Box<dyn AsyncRead + Send + Unpin>,
+                        Box::new(w) as Writer,
+                    ))
+                }
+                Endpoint::Unix { socket } => {
+                    let mut unix = UnixStream::connect(socket).await.map_err(io)?;
+                    let details = negotiate(&mut unix, &address.export, &name).await?;
+                    let (r, w) = unix.into_split();
+                    Ok((details, Box::new(r) as Box<dyn AsyncRead + Send + Unpin>, Box::new(w) as Writer))
+                }
+            }
+        };
+        let (details, reader, writer) =
+            tokio::time::timeout(config.connect_timeout, connect).await.map_err(|_| {
+                ClientError::ConnectionLost {
+                    address: name.clone(),
+                    why: format!("no handshake within {:?}", config.connect_timeout),
+                }
+            })??;
+        let max_in_flight_bytes = config.max_in_flight_bytes.max(details.max_payload_bytes as usize);
+        let shared = Arc::new(Shared {
+            address: name,
+            waiters: Mutex::new(Waiters { next_cookie: 1, by_cookie: HashMap::new(), closed: None }),
+        });
+        let reader = tokio::spawn(read_replies(reader, shared.clone(), details.structured_replies));
+        Ok(Self {
+            details,
+            shared,
+            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            budget: Arc::new(Semaphore::new(max_in_flight_bytes)),
+            max_in_flight_bytes,
+            reader,
+        })
+    }
+
+    pub fn details(&self) -> &ExportDetails {
+        &self.details
+    }
+
+    pub fn address(&self) -> &str {
+        &self.shared.address
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn closed(&self) -> Option<String> {
+        self.shared.lock().closed.clone()
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let data = self.request(cmd::READ, 0, offset, len, None).await?;
+        Ok(data.expect("a READ answers with data"))
+    }
+
+    /// Writes `data` at `offset`; with `fua`, durable when answered.
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
+        let len = u32::try_from(data.len()).map_err(|_| self.invalid(format!("a write of {} bytes", data.len())))?;
+        let flags = if fua { self.fua_flag()? } else { 0 };
+        self.request(cmd::WRITE, flags, offset, len, Some(data)).await.map(drop)
+    }
+
+    /// Makes every answered write durable.
+    pub async fn flush(&self) -> Result<()> {
+        if !self.details.can(tflags::SEND_FLUSH) {
+            return Err(self.invalid("the export has no FLUSH".into()));
+        }
+        self.request(cmd::FLUSH, 0, 0, 0, None).await.map(drop)
+    }
+
+    /// Discards a range (a hint: it may read back as before or as zeros).
+    pub async fn trim(&self, offset: u64, len: u32, fua: bool) -> Result<()> {
+        if !self.details.can(tflags::SEND_TRIM) {
+            return Err(self.invalid("the export has no TRIM".into()));
+        }
+        let flags = if fua { self.fua_flag()? } else { 0 };
+        self.request(cmd::TRIM, flags, offset, len, None).await.map(drop)
+    }
+
+    /// Zeroes a range; `may_deallocate` lets the server punch a hole.
+    pub async fn write_zeroes(&self, offset: u64, len: u32, may_deallocate: bool, fua: bool) -> Result<()> {
+        if !self.details.can(tflags::SEND_WRITE_ZEROES) {
+            return Err(self.invalid("the export has no WRITE_ZEROES".into()));
+        }
+        let mut flags = if fua { self.fua_flag()? } else { 0 };
+        if !may_deallocate {
+            flags |= cmd_flags::NO_HOLE;
+        }
+        self.request(cmd::WRITE_ZEROES, flags, offset, len, None).await.map(drop)
+    }
+
+    /// Says goodbye (NBD_CMD_DISC) and closes the write side.
+    pub async fn disconnect(&self) -> Result<()> {
+        let header = RequestHeader { flags: 0, command: cmd::DISC, cookie: 0, offset: 0, length: 0 };
+        let mut writer = self.writer.lock().await;
+        let sent = async {
+            writer.write_all(&encode_request_header(&header)).await?;
+            writer.shutdown().await
+        };
+        sent.await.map_err(|source| ClientError::Io { address: self.shared.address.clone(), source })
+    }
+
+    fn fua_flag(&self) -> Result<u16> {
+        if self.details.can(tflags::SEND_FUA) {
+            Ok(cmd_flags::FUA)
+        } else {
+            Err(self.invalid("the export has no FUA".into()))
+        }
+    }
+
+    fn invalid(&self, what: String) -> ClientError {
+        ClientError::Invalid { address: self.shared.address.clone(), what }
+    }
+
+    async fn request(
+        &self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: Option<Bytes>,
+    ) -> Result<Option<Vec<u8>>> {
+        let d = &self.details;
+        let name = command_name(command);
+        let end = offset.checked_add(u64::from(len));
+        if command != cmd::FLUSH && end.is_none_or(|e| e > d.size_bytes) {
+            return Err(self.invalid(format!("{name} at {offset}+{len} beyond the export's {} bytes", d.size_bytes)));
+        }
+        let min = u64::from(d.min_block_bytes);
+        if !offset.is_multiple_of(min) || !u64::from(len).is_multiple_of(min) {
+            return Err(self.invalid(format!("{name} at {offset}+{len} not aligned to the {min}-byte minimum block")));
+        }
+        let moves_data = command == cmd::READ || command == cmd::WRITE;
+        if moves_data && len > d.max_payload_bytes {
+            return Err(self.invalid(format!("{name} of {len} bytes over the {}-byte maximum", d.max_payload_bytes)));
+        }
+        if command == cmd::WRITE && d.read_only() {
+            return Err(self.invalid("the export is read-only".into()));
+        }
+        let permit_bytes = if moves_data { (len as usize).min(self.max_in_flight_bytes) } else { 0 };
+        // Held by the waiter until the reply is in (not by this future, which may be dropped).
+        let permit =
+            self.budget.clone().acquire_many_owned(permit_bytes as u32).await.expect("the budget is never closed");
+
+        let (tx, rx) = oneshot::channel();
+        let cookie = {
+            let mut w = self.shared.lock();
+            if let Some(why) = &w.closed {
+                return Err(ClientError::ConnectionLost { address: self.shared.address.clone(), why: why.clone() });
+            }
+            let cookie = w.next_cookie;
+            w.next_cookie += 1;
+            w.by_cookie.insert(cookie, Waiter::new(name, offset, len, command == cmd::READ, tx, permit));
+            cookie
+        };
+        let header = RequestHeader { flags, command, cookie, offset, length: len };
+        // Written by its own task: a dropped caller never leaves half a request on the wire.
+        let (writer, shared) = (self.writer.clone(), self.shared.clone());
+        let send = tokio::spawn(async move {
+            let mut writer = writer.lock().await;
+            let written = async {
+                writer.write_all(&encode_request_header(&header)).await?;
+                if let Some(data) = &payload {
+                    writer.write_all(data).await?;
+                }
+                writer.flush().await
+            };
+            if let Err(e) = written.await {
+                shared.close(format!("sending a request failed: {e}"));
+            }
+        });
+        drop(send);
+        rx.await.unwrap_or_else(|_| {
+            Err(ClientError::ConnectionLost {
+                address: self.shared.address.clone(),
+                why: "the connection ended".into(),
+            })
+        })
+    }
+}
+
+pub(crate) fn command_name(command: u16) -> &'static str {
+    match command {
+        cmd::READ => "READ",
+        cmd::WRITE => "WRITE",
+        cmd::FLUSH => "FLUSH",
+        cmd::TRIM => "TRIM",
+        cmd::WRITE_ZEROES => "WRITE_ZEROES",
+        _ => "request",
+    }
+}

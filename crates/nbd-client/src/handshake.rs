@@ -1,0 +1,150 @@
+//! The client's handshake: fixed newstyle, structured replies if the server has them, then
+//! GO with the block sizes asked for. Every length the server sends is bounded before it is
+//! read (an option reply over [`MAX_OPTION_REPLY_BYTES`] is a violation).
+
+use bytes::BytesMut;
+use nbd_server::protocol::client_codec::{
+    ExportInfo, decode_greeting, decode_info, decode_option_reply_header, encode_client_flags, go_option_data,
+    put_option,
+};
+use nbd_server::protocol::consts::{info, opt, rep, tflags};
+use nbd_server::protocol::handshake_codec::{ClientFlags, GREETING_LEN, OPTION_REPLY_HEADER_LEN};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::error::{ClientError, Result};
+
+/// Longest option reply accepted (the spec caps strings at 4 KiB).
+const MAX_OPTION_REPLY_BYTES: u32 = 64 * 1024;
+
+/// What the server said about the export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportDetails {
+    pub size_bytes: u64,
+    pub transmission_flags: u16,
+    /// 1 when the server sent no block sizes.
+    pub min_block_bytes: u32,
+    pub preferred_block_bytes: u32,
+    /// The largest READ/WRITE payload (32 MiB, the spec's default, when not sent).
+    pub max_payload_bytes: u32,
+    pub structured_replies: bool,
+}
+
+impl ExportDetails {
+    pub fn read_only(&self) -> bool {
+        self.transmission_flags & tflags::READ_ONLY != 0
+    }
+    pub fn can(&self, flag: u16) -> bool {
+        self.transmission_flags & flag != 0
+    }
+    /// FLUSH is advertised (the server may cache writes).
+    pub fn can_flush(&self) -> bool {
+        self.can(tflags::SEND_FLUSH)
+    }
+    pub fn can_write_zeroes(&self) -> bool {
+        self.can(tflags::SEND_WRITE_ZEROES)
+    }
+}
+
+/// Runs the handshake for `export` on `stream`; `address` names the server in errors.
+pub(crate) async fn negotiate<S>(stream: &mut S, export: &str, address: &str) -> Result<ExportDetails>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let io = |source| ClientError::Io { address: address.to_string(), source };
+    let protocol = |what: String| ClientError::Protocol { address: address.to_string(), what };
+    let mut greeting = [0u8; GREETING_LEN];
+    stream.read_exact(&mut greeting).await.map_err(io)?;
+    let server = decode_greeting(&greeting).map_err(|e| protocol(e.to_string()))?.expect("whole greeting");
+    if !server.fixed_newstyle {
+        return Err(protocol("the server does not speak fixed newstyle".into()));
+    }
+    let flags = ClientFlags { fixed_newstyle: true, no_zeroes: server.no_zeroes };
+    stream.write_all(&encode_client_flags(flags)).await.map_err(io)?;
+
+    let mut out = BytesMut::new();
+    put_option(&mut out, opt::STRUCTURED_REPLY, &[]);
+    put_option(&mut out, opt::GO, &go_option_data(export, &[info::BLOCK_SIZE]));
+    stream.write_all(&out).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
+
+    // STRUCTURED_REPLY: ACK, or an error (then replies are simple).
+    let (header, data) = option_reply(stream, address).await?;
+    if header.option != opt::STRUCTURED_REPLY {
+        return Err(protocol(format!("reply to option {} where STRUCTURED_REPLY's was due", header.option)));
+    }
+    let structured_replies = header.reply_type == rep::ACK;
+    if !structured_replies && !header.is_error() {
+        return Err(protocol(format!(
+            "STRUCTURED_REPLY answered with {:#x} ({} bytes)",
+            header.reply_type,
+            data.len()
+        )));
+    }
+
+    let mut size = None;
+    let mut block = None;
+    loop {
+        let (header, data) = option_reply(stream, address).await?;
+        if header.option != opt::GO {
+            return Err(protocol(format!("reply to option {} where GO's was due", header.option)));
+        }
+        if header.is_error() {
+            return Err(ClientError::Refused {
+                address: address.to_string(),
+                option: "GO",
+                reply_type: header.reply_type,
+                message: String::from_utf8_lossy(&data).into_owned(),
+            });
+        }
+        match header.reply_type {
+            rep::ACK => break,
+            rep::INFO => match decode_info(&data).map_err(|e| protocol(e.to_string()))? {
+                ExportInfo::Export { size_bytes, transmission_flags } => size = Some((size_bytes, transmission_flags)),
+                ExportInfo::BlockSize { min_bytes, preferred_bytes, max_payload_bytes } => {
+                    block = Some((min_bytes, preferred_bytes, max_payload_bytes))
+                }
+                _ => {}
+            },
+            other => return Err(protocol(format!("unexpected GO reply type {other:#x}"))),
+        }
+    }
+    let Some((size_bytes, transmission_flags)) = size else {
+        return Err(protocol("GO succeeded without NBD_INFO_EXPORT".into()));
+    };
+    let (min, preferred, max) = block.unwrap_or((1, 4096, 32 << 20));
+    let valid =
+        min.is_power_of_two() && min <= 64 * 1024 && preferred.is_power_of_two() && preferred >= min && max >= min;
+    if !valid {
+        return Err(protocol(format!("invalid block sizes {min}/{preferred}/{max}")));
+    }
+    Ok(ExportDetails {
+        size_bytes,
+        transmission_flags,
+        min_block_bytes: min,
+        preferred_block_bytes: preferred,
+        max_payload_bytes: max,
+        structured_replies,
+    })
+}
+
+/// One option reply: header and (bounded) data.
+async fn option_reply<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    address: &str,
+) -> Result<(nbd_server::protocol::client_codec::OptionReplyHeader, Vec<u8>)> {
+    let io = |source| ClientError::Io { address: address.to_string(), source };
+    let mut raw = [0u8; OPTION_REPLY_HEADER_LEN];
+    stream.read_exact(&mut raw).await.map_err(io)?;
+    let header = decode_option_reply_header(&raw)
+        .map_err(|e| ClientError::Protocol { address: address.to_string(), what: e.to_string() })?
+        .expect("whole header");
+    if header.data_len > MAX_OPTION_REPLY_BYTES {
+        return Err(ClientError::Protocol {
+            address: address.to_string(),
+            what: format!("option reply of {} bytes", header.data_len),
+        });
+    }
+    let mut data = vec![0u8; header.data_len as usize];
+    stream.read_exact(&mut data).await.map_err(io)?;
+    Ok((header, data))
+}

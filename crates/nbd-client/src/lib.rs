@@ -1,0 +1,32 @@
+//! nbd-client: an async, pipelined NBD client, the member side of network RAID (a RAID member
+//! that is an NBD export on another host).
+//!
+//! ```no_run
+//! # async fn demo() -> nbd_client::Result<()> {
+//! use nbd_client::{Client, ClientConfig, ExportAddress};
+//! let address = ExportAddress::parse("nbd://127.0.0.1:10809/disk")?;
+//! let client = Client::connect(&address, &ClientConfig::default()).await?;
+//! client.write(0, bytes::Bytes::from(vec![7u8; 4096]), true).await?;
+//! assert_eq!(client.read(0, 4096).await?, vec![7u8; 4096]);
+//! # Ok(()) }
+//! ```
+//!
+//! - `address`: libnbd's URI syntax (`nbd://`, `nbd+unix://`).
+//! - `handshake`: fixed newstyle, structured replies, GO with block sizes ([`ExportDetails`]).
+//! - `client`: [`Client`], requests checked against the export and pipelined with bounded
+//!   bytes in flight; `replies`: the reader task, which checks every reply before using it.
+//! - `error`: [`ClientError`]; an `Errno` fails one request, anything else the connection.
+//!
+//! The wire format is nbd-server's `protocol` module (pure codecs); this crate knows
+//! nothing of RAID.
+
+mod address;
+mod client;
+mod error;
+mod handshake;
+mod replies;
+
+pub use address::{DEFAULT_PORT, Endpoint, ExportAddress};
+pub use client::{Client, ClientConfig};
+pub use error::{ClientError, Result};
+pub use handshake::ExportDetails;
