@@ -23,6 +23,7 @@
 //! io = "auto"              # auto | uring | threads | inline (also per export)
 //! member_bw = "20M"        # optional throttle per member, bytes/s (also per export)
 //! member_iops = 200        # (also per export)
+//! member_timeout = 30      # NBD members: seconds of reconnecting before a member fails (also per export)
 //! buffered = false         # (also per export)
 //! read_only = false        # (also per export)
 //!
@@ -63,6 +64,7 @@ pub struct ConfigFile {
     pub io: Option<String>,
     pub member_bw: Option<String>,
     pub member_iops: Option<u64>,
+    pub member_timeout: Option<u64>,
     pub buffered: Option<bool>,
     pub tls: Option<String>,
     pub tls_certificates: Option<PathBuf>,
@@ -89,6 +91,7 @@ pub struct MemberKeys {
     pub io: Option<String>,
     pub member_bw: Option<String>,
     pub member_iops: Option<u64>,
+    pub member_timeout: Option<u64>,
     pub buffered: Option<bool>,
 }
 
@@ -104,6 +107,7 @@ pub struct ExportConfig {
     pub io: Option<String>,
     pub member_bw: Option<String>,
     pub member_iops: Option<u64>,
+    pub member_timeout: Option<u64>,
     pub buffered: Option<bool>,
     /// `on` (the default) or `require`: this export only over TLS.
     pub tls: Option<String>,
@@ -128,6 +132,7 @@ impl ExportConfig {
             io: self.io.clone().or_else(|| file.io.clone()),
             member_bw: self.member_bw.clone().or_else(|| file.member_bw.clone()),
             member_iops: self.member_iops.or(file.member_iops),
+            member_timeout: self.member_timeout.or(file.member_timeout),
             buffered: self.buffered.or(file.buffered),
         }
     }
@@ -298,7 +303,7 @@ mod tests {
     fn sample_value(key: &str) -> &'static str {
         match key {
             "read_only" | "force" | "require_all" | "buffered" | "tls_verify_peer" => "true",
-            "member_iops" | "handshake_timeout" | "idle_timeout" | "stall_timeout" => "5",
+            "member_iops" | "member_timeout" | "handshake_timeout" | "idle_timeout" | "stall_timeout" => "5",
             "listen" | "members" | "tls_peer" | "allow" => "[\"127.0.0.1:1\"]",
             "metrics" => "\"127.0.0.1:9\"",
             _ => "\"x\"",

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use member_io::{DirectMode, FaultControl, Faulty, NbdMember, OpenOptions, Throttle, ThrottleConfig, Throttled};
@@ -53,13 +54,17 @@ impl MemberOpenOptions {
     }
 }
 
+/// `--member-timeout` when not given.
+const DEFAULT_MEMBER_TIMEOUT_SECS: u64 = 30;
+
 /// Opens one member with the chosen engine, throttled and fault-injectable if asked.
 /// Members are named by their canonical path, so `ctl` can name them from anywhere; a member
 /// that is an NBD export (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`) by its
 /// URI.
 pub async fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
     let (name, mut member): (String, Arc<dyn Member>) = if nbd_client::ExportAddress::is_uri(path) {
-        let member = NbdMember::connect(path).await.with_context(|| format!("cannot open member {path}"))?;
+        let timeout = Duration::from_secs(options.io.member_timeout.unwrap_or(DEFAULT_MEMBER_TIMEOUT_SECS));
+        let member = NbdMember::connect(path, timeout).await.with_context(|| format!("cannot open member {path}"))?;
         (path.to_string(), Arc::new(member))
     } else {
         let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot open member {path}"))?;

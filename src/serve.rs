@@ -89,6 +89,7 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
                 io: args.io.io.or(keys.io_engine()?),
                 member_bw: args.io.member_bw.or(keys.member_bw_bytes()?),
                 member_iops: args.io.member_iops.or(keys.member_iops),
+                member_timeout: args.io.member_timeout.or(keys.member_timeout),
                 buffered: args.io.buffered || keys.buffered.unwrap_or(false),
             },
             read_only: args.read_only || keys.read_only.unwrap_or(false),

@@ -44,4 +44,8 @@ pub struct MemberIoArgs {
     /// Open members with buffered I/O instead of O_DIRECT.
     #[arg(long)]
     pub buffered: bool,
+    /// NBD members: a lost or stalled connection is reconnected and its requests re-sent for
+    /// up to this many seconds before the member counts as failed [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub member_timeout: Option<u64>,
 }

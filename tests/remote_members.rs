@@ -94,7 +94,7 @@ fn remote_array(level: &str) {
     create.extend_from_slice(&members);
     assert_ok(&raidnbd(d, &create));
 
-    let served = Served::start(d, "net", &[], &members);
+    let served = Served::start(d, "net", &["--member-timeout", "2"], &members);
     let payload: Vec<u8> = (0..24u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 9) as u8).collect();
     std::fs::write(d.join("payload"), &payload).unwrap();
     run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("net")).arg("--flush"));
@@ -109,7 +109,7 @@ fn remote_array(level: &str) {
 
     // Assembled again by superblock from the URIs in another order.
     let reversed: Vec<&str> = members.iter().rev().copied().collect();
-    let served = Served::start(d, "net", &[], &reversed);
+    let served = Served::start(d, "net", &["--member-timeout", "2"], &reversed);
     run_ok(Command::new("nbdcopy").arg(served.uri("net")).arg(d.join("back")));
     let back = std::fs::read(d.join("back")).unwrap();
     assert!(back[..payload.len()] == payload[..], "{level}: the data read back over remote members");
@@ -157,4 +157,155 @@ fn raid5_over_nbdkit_and_qemu_nbd_exports() {
 #[test]
 fn raid10_over_nbdkit_and_qemu_nbd_exports() {
     remote_array("10");
+}
+
+/// `nbdkit file FILE` on 127.0.0.1:`port`.
+fn nbdkit_file(file: &Path, port: u16) -> Child {
+    let child = Command::new("nbdkit")
+        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "file"])
+        .arg(file)
+        .spawn()
+        .expect("nbdkit file");
+    wait_for_port(port);
+    child
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
+
+/// RAID1 of a local file and an nbdkit file export; python3-libnbd writes through it.
+fn python(uri: &str, code: &str) {
+    require_libnbd_python();
+    let script = format!("import nbd\nh = nbd.NBD()\nh.connect_uri({uri:?})\n{code}\nh.shutdown()\n");
+    run_ok(Command::new(PYTHON).args(["-c", &script]));
+}
+
+#[test]
+fn a_member_server_that_restarts_within_the_member_timeout_is_reconnected() {
+    require_tool("nbdkit", "nbdkit");
+    let dir = tempdir();
+    let d = dir.path();
+    let remote_file = d.join("remote.img");
+    std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
+    let port = free_port();
+    let mut server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
+    let uri = format!("nbd://127.0.0.1:{port}/");
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "local.img", &uri]));
+    let served = Served::start(d, "m", &["--member-timeout", "10"], &["local.img", &uri]);
+    let array = served.uri("m");
+    python(&array, "h.pwrite(b'\\x21' * (1 << 20), 0)\nh.flush()");
+    // The member's server dies and comes back (same file, same port) within the timeout.
+    let _ = server.children[0].kill();
+    let _ = server.children[0].wait();
+    std::thread::sleep(Duration::from_millis(500));
+    server.children[0] = nbdkit_file(&remote_file, port);
+    python(
+        &array,
+        "h.pwrite(b'\\x22' * (1 << 20), 1 << 20)\nh.flush()\nassert h.pread(2 << 20, 0) == b'\\x21' * (1 << 20) + b'\\x22' * (1 << 20)",
+    );
+    // A stall shorter than the timeout (SIGSTOP for 1 s) fails nothing either.
+    signal(&server.children[0], libc::SIGSTOP);
+    let resume = server.children[0].id() as i32;
+    let waker = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        // SAFETY: kill(2) on the child's pid.
+        unsafe { libc::kill(resume, libc::SIGCONT) };
+    });
+    python(&array, "h.pwrite(b'\\x23' * 65536, 3 << 20)\nh.flush()");
+    waker.join().unwrap();
+    let log = served.stop();
+    assert!(log.contains("reconnected"), "{log}");
+    assert!(!log.contains("the member fails"), "{log}");
+    let detail: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "local.img", &uri]))).unwrap();
+    assert_eq!((detail["clean"].clone(), detail["degraded"].clone()), (true.into(), false.into()), "{detail}");
+    let check: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["check", "--json", "local.img", &uri]))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "both copies agree: {check}");
+}
+
+#[test]
+fn a_member_server_that_stays_away_or_comes_back_different_fails_the_member() {
+    require_tool("nbdkit", "nbdkit");
+    let dir = tempdir();
+    let d = dir.path();
+    // 1. Stopped (SIGSTOP) for longer than --member-timeout 2: the member fails, writes go on.
+    let remote_file = d.join("remote.img");
+    std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
+    let port = free_port();
+    let server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
+    let uri = format!("nbd://127.0.0.1:{port}/");
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "a.img", &uri]));
+    let served = Served::start(d, "m", &["--member-timeout", "2"], &["a.img", &uri]);
+    python(&served.uri("m"), "h.pwrite(b'\\x31' * 65536, 0)\nh.flush()");
+    signal(&server.children[0], libc::SIGSTOP);
+    let started = Instant::now();
+    python(
+        &served.uri("m"),
+        "h.pwrite(b'\\x32' * 65536, 65536)\nh.flush()\nassert h.pread(131072, 0) == b'\\x31' * 65536 + b'\\x32' * 65536",
+    );
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(30), "failed after {waited:?}");
+    let log = served.stop();
+    assert!(log.contains("not back within") && log.contains("the member fails"), "{log}");
+    signal(&server.children[0], libc::SIGCONT);
+    drop(server);
+
+    // 2. A server that comes back empty (nbdkit memory restarted) is another disk: the member
+    //    fails instead of serving zeros.
+    let socket = d.join("mem.sock");
+    let start_memory = || {
+        let child = Command::new("nbdkit").args(["-f", "-U"]).arg(&socket).args(["memory", "32M"]).spawn().unwrap();
+        wait_for_socket(&socket);
+        child
+    };
+    let mut server = Peers { children: vec![start_memory()] };
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "b.img", &uri]));
+    let served = Served::start(d, "m", &["--member-timeout", "10"], &["b.img", &uri]);
+    python(&served.uri("m"), "h.pwrite(b'\\x41' * 65536, 0)\nh.flush()");
+    let _ = server.children[0].kill();
+    let _ = server.children[0].wait();
+    let _ = std::fs::remove_file(&socket);
+    server.children[0] = start_memory();
+    python(
+        &served.uri("m"),
+        "h.pwrite(b'\\x42' * 65536, 65536)\nh.flush()\nassert h.pread(131072, 0) == b'\\x41' * 65536 + b'\\x42' * 65536",
+    );
+    let log = served.stop();
+    assert!(log.contains("came back with other contents"), "{log}");
+    let detail: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "b.img"]))).unwrap();
+    assert_eq!(detail["degraded"], true, "{detail}");
+    drop(server);
+
+    // 3. Lost with writes it acknowledged but no FLUSH covered: a new connection cannot vouch
+    //    for them, so the member fails at once (its server restarting with the same file).
+    let remote_file = d.join("remote3.img");
+    std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
+    let port = free_port();
+    let mut server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
+    let uri = format!("nbd://127.0.0.1:{port}/");
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "c.img", &uri]));
+    let served = Served::start(d, "m", &["--member-timeout", "10"], &["c.img", &uri]);
+    let restart = format!(
+        "import subprocess, time\nh.pwrite(b'\\x51' * 65536, 0)\n\
+         subprocess.run(['kill', '-KILL', '{pid}'])\ntime.sleep(0.5)\n",
+        pid = server.children[0].id()
+    );
+    python(&served.uri("m"), &restart);
+    let _ = server.children[0].wait();
+    server.children[0] = nbdkit_file(&remote_file, port);
+    python(
+        &served.uri("m"),
+        "h.pwrite(b'\x52' * 65536, 65536)
+h.flush()
+assert h.pread(65536, 0) == b'\x51' * 65536",
+    );
+    let log = served.stop();
+    assert!(log.contains("not yet flushed") && log.contains("the member fails"), "{log}");
 }

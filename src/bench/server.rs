@@ -287,6 +287,7 @@ mod tests {
             member_bw: Some(20 << 20),
             member_iops: Some(200),
             buffered: false,
+            member_timeout: None,
         };
         assert_eq!(member_io_flags(&io), ["--io", "auto", "--member-bw", "20971520", "--member-iops", "200"]);
     }

@@ -335,4 +335,3 @@ fn private_rings_exit_when_dropped() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
-

@@ -151,6 +151,13 @@ impl Client {
         &self.shared.address
     }
 
+    /// Gives up on the connection (e.g. a server that stopped answering): every request in
+    /// flight and every later one fails with `why`.
+    pub fn abandon(&self, why: &str) {
+        self.reader.abort();
+        self.shared.close(why.to_string());
+    }
+
     /// Why the connection ended, if it has.
     pub fn closed(&self) -> Option<String> {
         self.shared.lock().closed.clone()
