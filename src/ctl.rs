@@ -12,8 +12,12 @@ use crate::cli::{CtlArgs, CtlCommand};
 use crate::control::default_socket;
 use crate::size::human_bytes;
 
-/// Absolute form of a path the server should open (it may run elsewhere).
+/// Absolute form of a path the server should open (it may run elsewhere); an NBD member's
+/// URI as it is.
 fn absolute(path: &str) -> Result<String> {
+    if nbd_client::ExportAddress::is_uri(path) {
+        return Ok(path.to_string());
+    }
     let p = PathBuf::from(path);
     let abs = if p.exists() { std::fs::canonicalize(&p)? } else { bail!("{path} does not exist") };
     Ok(abs.to_string_lossy().into_owned())

@@ -309,3 +309,46 @@ assert h.pread(65536, 0) == b'\x51' * 65536",
     let log = served.stop();
     assert!(log.contains("not yet flushed") && log.contains("the member fails"), "{log}");
 }
+
+/// `ctl` and the config file take member URIs: a RAID1 of two files loses one (`ctl fail`,
+/// `ctl remove`), an nbdkit memory export is added with `ctl add URI` and rebuilt; the array,
+/// served again from a config file naming the URI, checks clean.
+#[test]
+fn ctl_add_and_the_config_file_take_member_uris() {
+    require_tool("nbdkit", "nbdkit");
+    let dir = tempdir();
+    let d = dir.path();
+    let socket = d.join("spare.sock");
+    let _server = Peers {
+        children: vec![
+            Command::new("nbdkit").args(["-f", "-U"]).arg(&socket).args(["memory", "48M"]).spawn().expect("nbdkit"),
+        ],
+    };
+    wait_for_socket(&socket);
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "48M", "m0", "m1"]));
+    let control = d.join("control.sock");
+    let control_arg = control.to_str().unwrap();
+    let served = Served::start(d, "a", &["--control", control_arg], &["m0", "m1"]);
+    python(&served.uri("a"), "h.pwrite(b'\\x61' * (4 << 20), 1 << 20)\nh.flush()");
+    let ctl = |args: &[&str]| assert_ok(&raidnbd(d, &[&["ctl", "--socket", control_arg][..], args].concat()));
+    let m1 = d.join("m1").canonicalize().unwrap();
+    ctl(&["fail", m1.to_str().unwrap()]);
+    ctl(&["remove", m1.to_str().unwrap()]);
+    ctl(&["add", &uri]);
+    ctl(&["wait", "--timeout", "120"]);
+    let status: serde_json::Value = serde_json::from_str(&ctl(&["status", "--json"])).unwrap();
+    let roles = status[0]["roles"].as_array().unwrap().clone();
+    assert!(roles.iter().all(|r| r["state"] == "in_sync"), "{status:#}");
+    assert!(roles.iter().any(|r| r["member"] == uri.as_str()), "the URI member has a role: {status:#}");
+    served.stop();
+    let config = format!("[[export]]\nname = \"a\"\nmembers = [\"m0\", {uri:?}]\n");
+    std::fs::write(d.join("raidnbd.toml"), config).unwrap();
+    let served =
+        Served::run(d, |listen| ["serve", "--listen", listen, "--config", "raidnbd.toml"].map(String::from).to_vec());
+    python(&served.uri("a"), "assert h.pread(4 << 20, 1 << 20) == b'\\x61' * (4 << 20)");
+    served.stop();
+    let check: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["check", "--json", "m0", &uri]))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "the rebuilt remote copy matches: {check}");
+}
