@@ -277,15 +277,24 @@ impl<M: Member + ?Sized> Array<M> {
             return Ok(None);
         }
         let Some(spare) = self.members.spares.lock().expect("spares lock").pop() else { return Ok(None) };
+        // The recovery shows as work from here on: while the metadata is written the spare is
+        // neither listed nor in its role yet, and a status in between must not read as idle.
+        self.maintenance.lock().current = Some(MaintenanceWork::Recovery { role });
         let _g = self.locks.lock(META_LOCK_KEY).await;
         let slot = &self.members.slots[role];
         if let Some(old) = slot.take_device() {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
         }
-        self.try_persist_locked(StateChange::Assign { device: spare.id, role, replacement: false }).await?;
+        if let Err(e) =
+            self.try_persist_locked(StateChange::Assign { device: spare.id, role, replacement: false }).await
+        {
+            // Not recorded: the spare stays a spare (it was dropped before).
+            self.maintenance.lock().current = None;
+            self.members.spares.lock().expect("spares lock").push(spare);
+            return Err(e);
+        }
         tracing::info!(role, member = spare.member.name(), "spare takes the failed role: recovery starts");
         slot.install(spare, Some(0));
-        self.maintenance.lock().current = Some(MaintenanceWork::Recovery { role });
         Ok(Some(Step::Worked { work: MaintenanceWork::Recovery { role }, bytes: 0 }))
     }
 
