@@ -232,6 +232,9 @@ async fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn
 
 fn status(export: &ControlledExport) -> Value {
     let array = &export.array;
+    // Spares before roles: a spare taking a role is in the role before it leaves the spares,
+    // so this order never sees it in neither (`ctl wait` would read that as idle).
+    let spares: Vec<String> = array.spare_status().into_iter().map(|(n, _)| n).collect();
     let roles = array.role_status();
     let maintenance = array.maintenance_status();
     let failed = roles.iter().filter(|r| r.state != SlotState::InSync).count();
@@ -270,7 +273,7 @@ fn status(export: &ControlledExport) -> Value {
             "recovery_offset_sectors": r.recovery_offset_sectors,
             "replacement": r.replacement.as_ref().map(|(n, _, done)| json!({"member": n, "done_sectors": done})),
         })).collect::<Vec<_>>(),
-        "spares": array.spare_status().into_iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "spares": spares,
         "work": work,
         "resync_pending": maintenance.resync_pending,
         "mismatch_cnt": maintenance.mismatch_sectors,

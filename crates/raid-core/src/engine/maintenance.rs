@@ -276,25 +276,27 @@ impl<M: Member + ?Sized> Array<M> {
         if !self.has_redundancy() {
             return Ok(None);
         }
-        let Some(spare) = self.members.spares.lock().expect("spares lock").pop() else { return Ok(None) };
-        // The recovery shows as work from here on: while the metadata is written the spare is
-        // neither listed nor in its role yet, and a status in between must not read as idle.
-        self.maintenance.lock().current = Some(MaintenanceWork::Recovery { role });
+        // The spare stays listed until it is in its role: a status taken meanwhile (the metadata
+        // writes take a while) must show it one way or the other, never neither (`ctl wait`
+        // would read that as idle). If the assignment cannot be recorded it stays a spare.
+        let Some(spare) = self.members.spares.lock().expect("spares lock").last().cloned() else { return Ok(None) };
         let _g = self.locks.lock(META_LOCK_KEY).await;
         let slot = &self.members.slots[role];
         if let Some(old) = slot.take_device() {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
         }
-        if let Err(e) =
-            self.try_persist_locked(StateChange::Assign { device: spare.id, role, replacement: false }).await
-        {
-            // Not recorded: the spare stays a spare (it was dropped before).
-            self.maintenance.lock().current = None;
-            self.members.spares.lock().expect("spares lock").push(spare);
-            return Err(e);
+        self.try_persist_locked(StateChange::Assign { device: spare.id, role, replacement: false }).await?;
+        let id = spare.id;
+        if !self.members.spares.lock().expect("spares lock").iter().any(|d| d.id == id) {
+            // Its own superblock write failed: the spare was dropped as faulty meanwhile.
+            tracing::warn!(role, member = spare.member.name(), "the spare failed while taking the role");
+            return Ok(None);
         }
         tracing::info!(role, member = spare.member.name(), "spare takes the failed role: recovery starts");
+        // Installed before it leaves the list (status readers look at the spares first).
         slot.install(spare, Some(0));
+        self.members.spares.lock().expect("spares lock").retain(|d| d.id != id);
+        self.maintenance.lock().current = Some(MaintenanceWork::Recovery { role });
         Ok(Some(Step::Worked { work: MaintenanceWork::Recovery { role }, bytes: 0 }))
     }
 
