@@ -99,6 +99,25 @@ fn remote_array(level: &str) {
     std::fs::write(d.join("payload"), &payload).unwrap();
     run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("net")).arg("--flush"));
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x3c 30M 1M", &served.uri("net")]));
+    // fio with verify over the remote members (random 4 KiB to 1 MiB writes, QD16), beyond
+    // the payload and the pattern.
+    require_tool("fio", "fio");
+    let fio = run_ok(Command::new("fio").current_dir(d).args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={}", served.uri("net")),
+        "--rw=randwrite",
+        "--bsrange=4k-1m",
+        "--iodepth=16",
+        "--offset=40m",
+        "--size=16m",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--randrepeat=1",
+        "--verify_state_save=0",
+    ]));
+    assert!(fio.contains("err= 0"), "fio verify: {fio}");
     served.stop();
     let detail: serde_json::Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &members].concat()))).unwrap();
