@@ -232,10 +232,9 @@ async fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn
 
 fn status(export: &ControlledExport) -> Value {
     let array = &export.array;
-    // Spares before roles: a spare taking a role is in the role before it leaves the spares,
-    // so this order never sees it in neither (`ctl wait` would read that as idle).
-    let spares: Vec<String> = array.spare_status().into_iter().map(|(n, _)| n).collect();
-    let roles = array.role_status();
+    // One reading that never misses a spare taking a role (`ctl wait` would read that as idle).
+    let (roles, spares) = array.membership_status();
+    let spares: Vec<String> = spares.into_iter().map(|(n, _)| n).collect();
     let maintenance = array.maintenance_status();
     let failed = roles.iter().filter(|r| r.state != SlotState::InSync).count();
     let mut state = if failed > 0 { "active, degraded".to_string() } else { "active".to_string() };

@@ -49,23 +49,13 @@ fn start_peers(d: &Path) -> (Peers, Vec<String>) {
     let mut uris = Vec::new();
     for i in 0..2 {
         let socket = d.join(format!("mem{i}.sock"));
-        children.push(
-            Command::new("nbdkit").args(["-f", "-U"]).arg(&socket).args(["memory", "48M"]).spawn().expect("nbdkit"),
-        );
-        wait_for_socket(&socket);
+        children.push(nbdkit_memory(&socket, "48M"));
         uris.push(format!("nbd+unix:///?socket={}", socket.display()));
     }
     let file = d.join("file-member.img");
     std::fs::File::create(&file).unwrap().set_len(48 << 20).unwrap();
     let port = free_port();
-    children.push(
-        Command::new("nbdkit")
-            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "file"])
-            .arg(&file)
-            .spawn()
-            .expect("nbdkit file"),
-    );
-    wait_for_port(port);
+    children.push(nbdkit_file(&file, port));
     uris.push(format!("nbd://127.0.0.1:{port}/"));
     let image = d.join("qemu-member.img");
     std::fs::File::create(&image).unwrap().set_len(48 << 20).unwrap();
@@ -178,6 +168,13 @@ fn raid10_over_nbdkit_and_qemu_nbd_exports() {
     remote_array("10");
 }
 
+/// `nbdkit memory SIZE` on the Unix socket `socket`.
+fn nbdkit_memory(socket: &Path, size: &str) -> Child {
+    let child = Command::new("nbdkit").args(["-f", "-U"]).arg(socket).args(["memory", size]).spawn().expect("nbdkit");
+    wait_for_socket(socket);
+    child
+}
+
 /// `nbdkit file FILE` on 127.0.0.1:`port`.
 fn nbdkit_file(file: &Path, port: u16) -> Child {
     let child = Command::new("nbdkit")
@@ -277,12 +274,7 @@ fn a_member_server_that_stays_away_or_comes_back_different_fails_the_member() {
     // 2. A server that comes back empty (nbdkit memory restarted) is another disk: the member
     //    fails instead of serving zeros.
     let socket = d.join("mem.sock");
-    let start_memory = || {
-        let child = Command::new("nbdkit").args(["-f", "-U"]).arg(&socket).args(["memory", "32M"]).spawn().unwrap();
-        wait_for_socket(&socket);
-        child
-    };
-    let mut server = Peers { children: vec![start_memory()] };
+    let mut server = Peers { children: vec![nbdkit_memory(&socket, "32M")] };
     let uri = format!("nbd+unix:///?socket={}", socket.display());
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "b.img", &uri]));
     let served = Served::start(d, "m", &["--member-timeout", "10"], &["b.img", &uri]);
@@ -290,7 +282,7 @@ fn a_member_server_that_stays_away_or_comes_back_different_fails_the_member() {
     let _ = server.children[0].kill();
     let _ = server.children[0].wait();
     let _ = std::fs::remove_file(&socket);
-    server.children[0] = start_memory();
+    server.children[0] = nbdkit_memory(&socket, "32M");
     python(
         &served.uri("m"),
         "h.pwrite(b'\\x42' * 65536, 65536)\nh.flush()\nassert h.pread(131072, 0) == b'\\x41' * 65536 + b'\\x42' * 65536",
@@ -338,12 +330,7 @@ fn ctl_add_and_the_config_file_take_member_uris() {
     let dir = tempdir();
     let d = dir.path();
     let socket = d.join("spare.sock");
-    let _server = Peers {
-        children: vec![
-            Command::new("nbdkit").args(["-f", "-U"]).arg(&socket).args(["memory", "48M"]).spawn().expect("nbdkit"),
-        ],
-    };
-    wait_for_socket(&socket);
+    let _server = Peers { children: vec![nbdkit_memory(&socket, "48M")] };
     let uri = format!("nbd+unix:///?socket={}", socket.display());
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "48M", "m0", "m1"]));
     let control = d.join("control.sock");

@@ -253,6 +253,13 @@ impl<M: Member + ?Sized> Array<M> {
         self.members.spare_status()
     }
 
+    /// Roles and spares in one reading that never misses a spare taking a role: the spares
+    /// are read first, and `assign_spare` installs a spare before it leaves the list.
+    pub fn membership_status(&self) -> (Vec<RoleStatus>, Vec<(String, usize)>) {
+        let spares = self.members.spare_status();
+        (self.members.role_status(), spares)
+    }
+
     /// Reads `len_bytes` at `offset_bytes`.
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<ReadData> {
         self.check_io(offset_bytes, len_bytes as u64, true)?;
@@ -269,13 +276,7 @@ impl<M: Member + ?Sized> Array<M> {
         self.check_io(offset_bytes, data.len() as u64, true)?;
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
-        match self.data_path() {
-            DataPath::Striped => {
-                let sectors = data.len() as u64 / SECTOR_BYTES;
-                self.write_striped(offset_bytes / SECTOR_BYTES, sectors, stripe::WriteSource::Data(data), fua).await
-            }
-            DataPath::Mirrored => self.write_mirrored(offset_bytes / SECTOR_BYTES, data, fua).await,
-        }
+        self.write_sectors(offset_bytes / SECTOR_BYTES, data, fua).await
     }
 
     /// Zeroes a range (any length). Whole stripes/chunks are zeroed on the members

@@ -11,6 +11,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::stripe::WriteSource;
 use super::{Array, DataPath, LockGuard, MAX_IO_BYTES};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
@@ -94,12 +95,12 @@ impl<M: Member + ?Sized> Array<M> {
         }
     }
 
-    /// Whole sectors, as [`Array::write`] writes them (inside an entered write).
-    async fn write_sectors(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
+    /// Whole sectors by the data path (inside an entered write, the array marked dirty).
+    pub(super) async fn write_sectors(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
         match self.data_path() {
             DataPath::Striped => {
                 let sectors = data.len() as u64 / SECTOR_BYTES;
-                self.write_striped(start_sector, sectors, super::stripe::WriteSource::Data(data), fua).await
+                self.write_striped(start_sector, sectors, WriteSource::Data(data), fua).await
             }
             DataPath::Mirrored => self.write_mirrored(start_sector, data, fua).await,
         }
