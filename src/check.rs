@@ -20,7 +20,7 @@ const UNITS_PER_STEP: u64 = 16;
 /// Returns whether mismatches were found.
 pub async fn run(args: CheckArgs) -> Result<bool> {
     let options =
-        MemberOpenOptions { io: MemberIoArgs::default(), read_only: !args.repair, faults: None, metrics: None };
+        MemberOpenOptions { io: MemberIoArgs::default(), read_only: !args.repair, ..MemberOpenOptions::default() };
     let opened = open_array(&args.members, &options, false, true).await?;
     let array = opened.array;
     let units = array.scrub_units();

@@ -109,8 +109,13 @@ pub enum CtlCommand {
     Fail { member: String },
     /// Remove a faulty member or a spare from the array.
     Remove { member: String },
-    /// Add a spare; a degraded array starts rebuilding onto it.
+    /// Add a spare; a degraded array starts rebuilding onto it. A member returning to its
+    /// failed role is re-added instead.
     Add { path: String },
+    /// Bring a member back to its failed role, copying only the chunks the write-intent
+    /// bitmap says were written while it was away (refused if that cannot be done).
+    #[command(name = "re-add")]
+    ReAdd { path: String },
     /// Copy a member onto a new one while it stays in service, then swap them.
     Replace { member: String, path: String },
     /// Start a background check (counts mismatches, like md's mismatch_cnt).
@@ -163,6 +168,10 @@ pub struct CreateArgs {
     /// regions are resynced) or `none`. Default: internal for redundant arrays of 4 GiB or more.
     #[arg(long, value_name = "internal|none")]
     pub bitmap: Option<String>,
+    /// Bytes of array data per bitmap bit (mdadm's --bitmap-chunk; default 64M, doubled
+    /// until the bits fit). Smaller: a re-add or a resync after a crash copies less.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub bitmap_chunk: Option<u64>,
     /// Member files or block devices, in role order; `missing` leaves a slot empty.
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<String>,

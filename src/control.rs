@@ -6,6 +6,8 @@
 //!  {"command":"fail","member":"/path"}               -> {"ok":true} | {"ok":false,"error":"..."}
 //!  {"command":"remove","member":"/path"}
 //!  {"command":"add","path":"/abs/path"}              new spare; rebuild starts if degraded
+//!                                                    (a returning member is re-added)
+//!  {"command":"re-add","path":"/abs/path"}           a returning member: copy only dirty chunks
 //!  {"command":"replace","member":"/old","path":"/abs/new"}
 //!  {"command":"check"} {"command":"repair"} {"command":"idle"}
 //!  {"command":"rebuild-speed","min":1000000,"max":200000000}
@@ -20,9 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, anyhow, bail};
-use member_io::FaultOps;
-use raid_core::engine::{Array, MaintenanceWork, SlotState};
-use raid_core::md::Superblock;
+use member_io::{FaultOps, LinkStats};
+use raid_core::engine::{Array, MaintenanceWork, RecoveryTally, SlotState};
 use raid_core::{Member, SECTOR_BYTES};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -30,7 +31,8 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::create::describe_layout;
 use crate::maintenance::Worker;
-use crate::open::{MemberOpenOptions, open_member, read_superblock_area};
+use crate::open::{MemberOpenOptions, open_member};
+use crate::rejoin::returning_role;
 
 /// Longest request line accepted.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
@@ -155,11 +157,19 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
         "add" => {
             let member = open_for_array(export, str_field(request, "path")?).await?;
             match returning_role(array, member.as_ref()).await {
-                Some(role) => array.re_add(role, member).await.map_err(err)?,
-                None => {
+                Ok(role) => array.re_add(role, member).await.map_err(err)?,
+                Err(_) => {
                     array.add_spare(member).await.map_err(err)?;
                 }
             }
+        }
+        "re-add" => {
+            let path = str_field(request, "path")?;
+            let member = open_for_array(export, path).await?;
+            let role = returning_role(array, member.as_ref())
+                .await
+                .map_err(|why| anyhow!("{path} cannot be re-added: {why}"))?;
+            array.re_add(role, member).await.map_err(err)?;
         }
         "replace" => {
             let old = str_field(request, "member")?;
@@ -212,19 +222,6 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
     Ok(json!({}))
 }
 
-/// The failed role a returning member can resume with a bitmap-based recovery: its
-/// superblock is this array's, its role is failed now, and the bitmap has covered every
-/// write since it left (its events are at least the bitmap's events_cleared, as md checks).
-async fn returning_role(array: &Array<dyn Member>, member: &dyn Member) -> Option<usize> {
-    let summary = array.metadata_summary()?;
-    let cleared = summary.bitmap_events_cleared?;
-    let area = read_superblock_area(member).await.ok()?;
-    let sb = Superblock::decode(&area).ok()?;
-    let role = sb.role().active()?;
-    let failed = array.failed_roles().contains(&role);
-    (sb.set_uuid.0 == summary.uuid && sb.events >= cleared && failed).then_some(role)
-}
-
 /// Opens a new member for `export` the way its members were opened.
 async fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn Member>> {
     open_member(path, &export.open_options).await
@@ -258,6 +255,34 @@ fn status(export: &ControlledExport) -> Value {
             "eta_seconds": (speed > 0).then(|| remaining / speed),
         })
     });
+    let tally = |t: Option<RecoveryTally>| {
+        t.map(|t| {
+            json!({
+                "role": t.role,
+                "from_bitmap": t.from_bitmap,
+                "dirty_chunks": t.dirty_chunks,
+                "copied_bytes": t.copied_bytes,
+            })
+        })
+    };
+    let links: Vec<Value> = export
+        .open_options
+        .links
+        .all()
+        .into_iter()
+        .map(|(uri, l)| {
+            let state = l.state();
+            json!({
+                "member": uri,
+                "state": state.name(),
+                "reason": state.reason(),
+                "disconnects": LinkStats::get(&l.disconnects),
+                "reconnects": LinkStats::get(&l.reconnects),
+                "timeouts": LinkStats::get(&l.timeouts),
+                "retries": LinkStats::get(&l.retries),
+            })
+        })
+        .collect();
     json!({
         "name": export.name,
         "level": array.geometry().level().to_string(),
@@ -274,6 +299,9 @@ fn status(export: &ControlledExport) -> Value {
         })).collect::<Vec<_>>(),
         "spares": spares,
         "work": work,
+        "recovery": tally(maintenance.recovery),
+        "last_recovery": tally(maintenance.last_recovery),
+        "links": links,
         "resync_pending": maintenance.resync_pending,
         "mismatch_cnt": maintenance.mismatch_sectors,
         "last_check": maintenance.last_scrub.map(|(w, c)| json!({"kind": w.name(), "mismatch_cnt": c.mismatch_sectors})),

@@ -69,12 +69,8 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         bail!("raid1 has no chunk size; drop --chunk");
     }
     let name = args.name.clone().unwrap_or_else(|| "raidnbd".to_string());
-    let options = MemberOpenOptions {
-        io: MemberIoArgs { buffered: true, ..default_io() },
-        read_only: false,
-        faults: None,
-        metrics: None,
-    };
+    let options =
+        MemberOpenOptions { io: MemberIoArgs { buffered: true, ..default_io() }, ..MemberOpenOptions::default() };
 
     let mut slots: Vec<Option<(String, Arc<dyn Member>)>> = Vec::new();
     for (i, arg) in args.members.iter().enumerate() {
@@ -189,8 +185,8 @@ fn choose_bitmap(
     }
     let smallest = members_bytes.iter().flatten().min().copied().unwrap_or(0) / SECTOR_BYTES;
     let space_bytes = bitmap_space_sectors(smallest) * SECTOR_BYTES;
-    let bitmap =
-        Bitmap::new(meta.uuid, geometry.resync_sectors(), space_bytes, meta.events).map_err(|e| anyhow!("{e}"))?;
+    let bitmap = Bitmap::new(meta.uuid, geometry.resync_sectors(), space_bytes, meta.events, args.bitmap_chunk)
+        .map_err(|e| anyhow!("--bitmap-chunk: {e}"))?;
     meta.features.insert(FeatureMap::BITMAP_OFFSET);
     meta.bitmap_offset = BITMAP_OFFSET_SECTORS;
     Ok(Some(bitmap))

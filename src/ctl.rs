@@ -95,6 +95,7 @@ pub async fn run(args: CtlArgs) -> Result<ExitCode> {
         CtlCommand::Fail { member } => json!({ "command": "fail", "member": member_name(member) }),
         CtlCommand::Remove { member } => json!({ "command": "remove", "member": member_name(member) }),
         CtlCommand::Add { path } => json!({ "command": "add", "path": absolute(path)? }),
+        CtlCommand::ReAdd { path } => json!({ "command": "re-add", "path": absolute(path)? }),
         CtlCommand::Replace { member, path } => {
             json!({ "command": "replace", "member": member_name(member), "path": absolute(path)? })
         }
@@ -162,6 +163,26 @@ fn mdstat(exports: &Value) -> Option<String> {
                 w["done"],
                 w["total"],
                 human_bytes(w["speed_bytes_per_sec"].as_u64().unwrap_or(0))
+            ));
+        }
+        if let Some(t) = e["last_recovery"].as_object().filter(|t| t["from_bitmap"] == json!(true)) {
+            out.push_str(&format!(
+                "      last re-add of role {}: {} dirty bitmap chunks, {} copied\n",
+                t["role"],
+                t["dirty_chunks"],
+                human_bytes(t["copied_bytes"].as_u64().unwrap_or(0))
+            ));
+        }
+        for l in e["links"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "      link {}: {}{} ({} lost, {} reconnects, {} timeouts, {} retries)\n",
+                l["member"].as_str()?,
+                l["state"].as_str()?,
+                l["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default(),
+                l["disconnects"],
+                l["reconnects"],
+                l["timeouts"],
+                l["retries"]
             ));
         }
         if let Some(last) = e["last_check"].as_object() {

@@ -19,8 +19,7 @@ fn read_only_options() -> MemberOpenOptions {
     MemberOpenOptions {
         io: MemberIoArgs { io: Some(crate::cli::IoEngine::Threads), buffered: true, ..MemberIoArgs::default() },
         read_only: true,
-        faults: None,
-        metrics: None,
+        ..MemberOpenOptions::default()
     }
 }
 

@@ -22,6 +22,7 @@ mod monitor;
 mod notify;
 mod open;
 mod quickstart;
+mod rejoin;
 mod serve;
 mod shared_args;
 mod shutdown;

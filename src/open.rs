@@ -9,12 +9,14 @@
 //! The binary only opens members and names them; how the array comes up (bitmap, write-hole
 //! policy, resync) is raid-core's `md::start`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use member_io::{DirectMode, FaultControl, Faulty, NbdMember, OpenOptions, Throttle, ThrottleConfig, Throttled};
+use member_io::{
+    DirectMode, FaultControl, Faulty, LinkStats, NbdMember, OpenOptions, Throttle, ThrottleConfig, Throttled,
+};
 use raid_core::Member;
 use raid_core::engine::Array;
 use raid_core::md::{self, Assembly, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock};
@@ -24,8 +26,29 @@ use crate::cli::{IoEngine, MemberIoArgs};
 /// Fault switches of the members opened with fault injection, by member name.
 pub type FaultRegistry = Arc<Mutex<HashMap<String, Arc<FaultControl>>>>;
 
+/// The link statistics of the NBD members an export opened, by URI: every open of the same
+/// URI (a re-add) shares one, so the counts go on.
+#[derive(Clone, Default)]
+pub struct LinkRegistry(Arc<Mutex<BTreeMap<String, Arc<LinkStats>>>>);
+
+impl LinkRegistry {
+    /// The statistics of `uri` (created on first use).
+    pub fn get(&self, uri: &str) -> Arc<LinkStats> {
+        self.0.lock().expect("link registry").entry(uri.to_string()).or_default().clone()
+    }
+
+    /// The statistics of `uri`, if it was ever opened.
+    pub fn find(&self, uri: &str) -> Option<Arc<LinkStats>> {
+        self.0.lock().expect("link registry").get(uri).cloned()
+    }
+
+    pub fn all(&self) -> Vec<(String, Arc<LinkStats>)> {
+        self.0.lock().expect("link registry").iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+}
+
 /// How to open members.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct MemberOpenOptions {
     pub io: MemberIoArgs,
     pub read_only: bool,
@@ -33,6 +56,8 @@ pub struct MemberOpenOptions {
     pub faults: Option<FaultRegistry>,
     /// Record every member's I/O in these export metrics (`serve --metrics`).
     pub metrics: Option<Arc<crate::metrics::ExportMetrics>>,
+    /// Where NBD members count their reconnects and timeouts.
+    pub links: LinkRegistry,
 }
 
 impl MemberOpenOptions {
@@ -64,7 +89,9 @@ const DEFAULT_MEMBER_TIMEOUT_SECS: u64 = 30;
 pub async fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
     let (name, mut member): (String, Arc<dyn Member>) = if nbd_client::ExportAddress::is_uri(path) {
         let timeout = Duration::from_secs(options.io.member_timeout.unwrap_or(DEFAULT_MEMBER_TIMEOUT_SECS));
-        let member = NbdMember::connect(path, timeout).await.with_context(|| format!("cannot open member {path}"))?;
+        let member = NbdMember::connect(path, timeout, options.links.get(path))
+            .await
+            .with_context(|| format!("cannot open member {path}"))?;
         (path.to_string(), Arc::new(member))
     } else {
         let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot open member {path}"))?;

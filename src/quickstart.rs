@@ -26,6 +26,7 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
             name: Some(EXPORT.into()),
             force: false,
             bitmap: None,
+            bitmap_chunk: None,
             members: paths.clone(),
         })
         .await?;

@@ -94,7 +94,7 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
             },
             read_only: args.read_only || keys.read_only.unwrap_or(false),
             faults: faults.clone(),
-            metrics: None,
+            ..MemberOpenOptions::default()
         })
     };
     let exports = if args.config.is_some() {
@@ -207,6 +207,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let mut caches = Vec::new();
     for mut plan in settings.exports {
         plan.options.metrics = metrics.as_ref().map(|m| m.export(&plan.name));
+        if let Some(m) = &plan.options.metrics {
+            let _ = m.links.set(plan.options.links.clone());
+        }
         let paths = plan.members.paths()?;
         let opened = open_array(&paths, &plan.options, settings.force, settings.require_all).await?;
         let read_only = plan.options.read_only || opened.forced_read_only;
@@ -234,6 +237,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             Export::new(plan.name.clone(), device).require_tls(plan.tls_required).tls_peers(plan.tls_peers.clone()),
         );
         let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
+        crate::rejoin::spawn(opened.array.clone(), plan.options.clone(), opened.absent.clone(), worker.wake.clone());
         watched.push(Watched { export: plan.name.clone(), array: opened.array.clone() });
         controlled.push(ControlledExport {
             name: plan.name,

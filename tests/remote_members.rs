@@ -1,8 +1,11 @@
 //! Network RAID: members that are NBD exports served by real peers — nbdkit (memory and file
 //! plugins, over Unix sockets and TCP) and qemu-nbd — created, served, examined and checked
-//! by URI; assembled again from the URIs in another order; a member server that is down at
-//! start counts as absent (the array starts degraded); one killed while serving fails that
-//! member (no reconnect yet): the array goes on degraded with the right bytes.
+//! by URI. A member server SIGKILLed during fio with verify fails that member within the
+//! member timeout (no I/O error, no wrong byte); restarted with the same data it is re-added
+//! from the write-intent bitmap (the copied bytes counted); one down at start counts as
+//! absent and is re-added when it returns. Servers that restart within the timeout are
+//! reconnected; ones that stay away, come back as another disk or lose unflushed writes fail
+//! the member.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -40,9 +43,10 @@ fn wait_for_port(port: u16) {
     }
 }
 
-/// Four 48 MiB members: nbdkit memory (Unix), nbdkit memory (Unix), nbdkit file (TCP),
-/// qemu-nbd of a raw file (Unix). Returns the peers and the member URIs.
-fn start_peers(d: &Path) -> (Peers, Vec<String>) {
+/// Five 48 MiB members: nbdkit memory ×2 (Unix), nbdkit file ×2 (TCP), qemu-nbd of a raw
+/// file (Unix). Returns the peers, the member URIs, and the nbdkit file members' files and
+/// ports (children 2 and 3), to restart them with the same data.
+fn start_peers(d: &Path) -> (Peers, Vec<String>, Vec<(PathBuf, u16)>) {
     require_tool("nbdkit", "nbdkit");
     require_tool("qemu-nbd", "qemu-utils");
     let mut children = Vec::new();
@@ -52,11 +56,15 @@ fn start_peers(d: &Path) -> (Peers, Vec<String>) {
         children.push(nbdkit_memory(&socket, "48M"));
         uris.push(format!("nbd+unix:///?socket={}", socket.display()));
     }
-    let file = d.join("file-member.img");
-    std::fs::File::create(&file).unwrap().set_len(48 << 20).unwrap();
-    let port = free_port();
-    children.push(nbdkit_file(&file, port));
-    uris.push(format!("nbd://127.0.0.1:{port}/"));
+    let mut files = Vec::new();
+    for i in 0..2 {
+        let file = d.join(format!("file-member{i}.img"));
+        std::fs::File::create(&file).unwrap().set_len(48 << 20).unwrap();
+        let port = free_port();
+        children.push(nbdkit_file(&file, port));
+        uris.push(format!("nbd://127.0.0.1:{port}/"));
+        files.push((file, port));
+    }
     let image = d.join("qemu-member.img");
     std::fs::File::create(&image).unwrap().set_len(48 << 20).unwrap();
     let socket: PathBuf = d.join("qemu.sock");
@@ -70,32 +78,19 @@ fn start_peers(d: &Path) -> (Peers, Vec<String>) {
     );
     wait_for_socket(&socket);
     uris.push(format!("nbd+unix:///q?socket={}", socket.display()));
-    (Peers { children }, uris)
+    (Peers { children }, uris, files)
 }
 
-fn remote_array(level: &str) {
-    require_tool("nbdcopy", "libnbd-bin");
-    require_tool("qemu-io", "qemu-utils");
-    let dir = tempdir();
-    let d = dir.path();
-    let (mut peers, uris) = start_peers(d);
-    let members: Vec<&str> = uris.iter().map(String::as_str).collect();
-    let mut create = vec!["create", "--level", level, "--chunk", "64K"];
-    create.extend_from_slice(&members);
-    assert_ok(&raidnbd(d, &create));
-
-    let served = Served::start(d, "net", &["--member-timeout", "2"], &members);
-    let payload: Vec<u8> = (0..24u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 9) as u8).collect();
-    std::fs::write(d.join("payload"), &payload).unwrap();
-    run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("net")).arg("--flush"));
-    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x3c 30M 1M", &served.uri("net")]));
-    // fio with verify over the remote members (random 4 KiB to 1 MiB writes, QD16), beyond
-    // the payload and the pattern.
+/// fio over the array (random 4 KiB to 1 MiB writes, QD16, crc32c in every block) at 40 MiB,
+/// 16 MiB; `verify_only`: check what an earlier run wrote. `rate`: limit the write phase,
+/// so a member server can be killed in the middle of it.
+fn fio_verify(d: &Path, uri: &str, verify_only: bool, rate: Option<&str>) -> Command {
     require_tool("fio", "fio");
-    let fio = run_ok(Command::new("fio").current_dir(d).args([
+    let mut fio = Command::new("fio");
+    fio.current_dir(d).args([
         "--name=verify",
         "--ioengine=nbd",
-        &format!("--uri={}", served.uri("net")),
+        &format!("--uri={uri}"),
         "--rw=randwrite",
         "--bsrange=4k-1m",
         "--iodepth=16",
@@ -106,32 +101,138 @@ fn remote_array(level: &str) {
         "--verify_fatal=1",
         "--randrepeat=1",
         "--verify_state_save=0",
-    ]));
-    assert!(fio.contains("err= 0"), "fio verify: {fio}");
-    served.stop();
-    let detail: serde_json::Value =
-        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &members].concat()))).unwrap();
-    assert_eq!(detail["clean"], true, "{detail}");
-    let check: serde_json::Value =
-        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
-    assert_eq!(check["mismatch_cnt"], 0, "{check}");
+    ]);
+    if verify_only {
+        fio.arg("--verify_only");
+    }
+    if let Some(rate) = rate {
+        fio.arg(format!("--rate={rate}"));
+    }
+    fio
+}
 
-    // Assembled again by superblock from the URIs in another order.
-    let reversed: Vec<&str> = members.iter().rev().copied().collect();
-    let served = Served::start(d, "net", &["--member-timeout", "2"], &reversed);
+/// `ctl status --json` of the only export.
+fn ctl_status(d: &Path, control: &Path) -> serde_json::Value {
+    let text = assert_ok(&raidnbd(d, &["ctl", "--socket", control.to_str().unwrap(), "status", "--json"]));
+    serde_json::from_str::<serde_json::Value>(&text).unwrap()[0].clone()
+}
+
+/// Polls `ctl status` until `done` holds, for at most `limit`; returns that status.
+fn wait_status(
+    d: &Path,
+    control: &Path,
+    limit: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let status = ctl_status(d, control);
+        if done(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "not reached within {limit:?}: {status:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn role_state(status: &serde_json::Value, member: &str) -> String {
+    let roles = status["roles"].as_array().unwrap();
+    roles.iter().find(|r| r["member"] == member).map_or("none".into(), |r| r["state"].as_str().unwrap().to_string())
+}
+
+const MEMBER_TIMEOUT_SECS: u64 = 3;
+const BITMAP_CHUNK_BYTES: u64 = 1 << 20;
+
+fn remote_array(level: &str) {
+    require_tool("nbdcopy", "libnbd-bin");
+    require_tool("qemu-io", "qemu-utils");
+    let dir = tempdir();
+    let d = dir.path();
+    let (mut peers, uris, files) = start_peers(d);
+    let members: Vec<&str> = uris.iter().map(String::as_str).collect();
+    let mut create = vec!["create", "--level", level, "--chunk", "64K", "--bitmap", "internal", "--bitmap-chunk", "1M"];
+    create.extend_from_slice(&members);
+    assert_ok(&raidnbd(d, &create));
+
+    let control = d.join("control.sock");
+    let timeout = MEMBER_TIMEOUT_SECS.to_string();
+    let extra = ["--member-timeout", &timeout, "--control", control.to_str().unwrap()];
+    let served = Served::start(d, "net", &extra, &members);
+    let payload: Vec<u8> = (0..24u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 9) as u8).collect();
+    std::fs::write(d.join("payload"), &payload).unwrap();
+    run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("net")).arg("--flush"));
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x3c 30M 1M", &served.uri("net")]));
+
+    // fio with verify; a member server (nbdkit file over TCP) is SIGKILLed in its write phase:
+    // no I/O error, no wrong byte, the member faulty within the member timeout.
+    let victim = 2;
+    let fio =
+        fio_verify(d, &served.uri("net"), false, Some("6m")).stdout(std::process::Stdio::piped()).spawn().expect("fio");
+    std::thread::sleep(Duration::from_millis(800));
+    let _ = peers.children[victim].kill();
+    let _ = peers.children[victim].wait();
+    let killed = Instant::now();
+    let limit = Duration::from_secs(MEMBER_TIMEOUT_SECS + 2);
+    let status = wait_status(d, &control, limit, |s| role_state(s, members[victim]) == "faulty");
+    assert!(killed.elapsed() <= limit, "faulty after {:?}", killed.elapsed());
+    assert!(status["state"].as_str().unwrap().contains("degraded"), "{status:#}");
+    let output = fio.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && report.contains("err= 0"), "fio verify across the kill: {report}");
+    let links = status["links"].as_array().unwrap();
+    let link = links.iter().find(|l| l["member"] == members[victim]).expect("the victim's link");
+    assert_eq!(link["state"], "lost", "{status:#}");
+    assert!(link["disconnects"].as_u64() >= Some(1), "{status:#}");
+
+    // Restarted with the same file: re-added automatically; only dirty chunks are copied.
+    let (file, port) = &files[victim - 2];
+    peers.children[victim] = nbdkit_file(file, *port);
+    let status = wait_status(d, &control, Duration::from_secs(60), |s| {
+        s["last_recovery"].is_object() && s["roles"].as_array().unwrap().iter().all(|r| r["state"] == "in_sync")
+    });
+    let tally = &status["last_recovery"];
+    let (dirty, copied) = (tally["dirty_chunks"].as_u64().unwrap(), tally["copied_bytes"].as_u64().unwrap());
+    eprintln!("{level}: re-add copied {copied} bytes for {dirty} dirty bitmap chunks of {BITMAP_CHUNK_BYTES}");
+    assert_eq!(tally["from_bitmap"], true, "{status:#}");
+    assert!(dirty >= 1 && copied > 0 && copied <= dirty * BITMAP_CHUNK_BYTES, "{status:#}");
+    assert!(copied < 24 << 20, "re-add copied most of a 48 MiB member: {status:#}");
+    let log = served.log_text();
+    assert!(log.contains("member is back: re-added"), "{log}");
+    // The data, with the re-added member serving its share of reads.
+    let fio = run_ok(&mut fio_verify(d, &served.uri("net"), true, None));
+    assert!(fio.contains("err= 0"), "fio verify after the re-add: {fio}");
     run_ok(Command::new("nbdcopy").arg(served.uri("net")).arg(d.join("back")));
     let back = std::fs::read(d.join("back")).unwrap();
     assert!(back[..payload.len()] == payload[..], "{level}: the data read back over remote members");
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x3c 30M 1M", &served.uri("net")]));
+    let ctl =
+        |args: &[&str]| assert_ok(&raidnbd(d, &[&["ctl", "--socket", control.to_str().unwrap()][..], args].concat()));
+    ctl(&["check"]);
+    ctl(&["wait", "--timeout", "120"]);
+    let status = ctl_status(d, &control);
+    assert_eq!(status["last_check"]["mismatch_cnt"], 0, "{status:#}");
+    served.stop();
+    let detail: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &members].concat()))).unwrap();
+    assert_eq!((detail["clean"].clone(), detail["degraded"].clone()), (true.into(), false.into()), "{detail}");
 
-    // A member server killed while serving: that member fails, the array goes on degraded.
-    let victim = 2; // nbdkit file over TCP
+    // Assembled again by superblock from the URIs in another order, with one member server
+    // down: it is absent, the array starts degraded, and it is re-added when its server
+    // comes back.
     let _ = peers.children[victim].kill();
     let _ = peers.children[victim].wait();
+    let reversed: Vec<&str> = members.iter().rev().copied().collect();
+    let served = Served::start(d, "net", &extra, &reversed);
+    let log = served.log_text();
+    assert!(log.contains("absent") && log.contains("DEGRADED"), "{log}");
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x77 31M 1M", &served.uri("net")]));
+    peers.children[victim] = nbdkit_file(file, *port);
+    wait_status(d, &control, Duration::from_secs(60), |s| {
+        s["roles"].as_array().unwrap().iter().filter(|r| r["state"] == "in_sync").count() == members.len()
+    });
     run_ok(Command::new("nbdcopy").arg(served.uri("net")).arg(d.join("back2")));
     let back = std::fs::read(d.join("back2")).unwrap();
-    assert!(back[..payload.len()] == payload[..], "{level}: right bytes with a member server gone");
+    assert!(back[..payload.len()] == payload[..], "{level}: right bytes after the absent member's return");
     run_ok(Command::new("qemu-io").args([
         "-f",
         "raw",
@@ -141,21 +242,10 @@ fn remote_array(level: &str) {
         "read -P 0x77 31M 1M",
         &served.uri("net"),
     ]));
-    let log = served.stop();
-    assert!(log.contains(members[victim]), "the failed member is named: {log}");
-    let detail: serde_json::Value = serde_json::from_str(&assert_ok(&raidnbd(
-        d,
-        &[&["detail", "--json"][..], &[members[0], members[1], members[3]]].concat(),
-    )))
-    .unwrap();
-    assert_eq!(detail["degraded"], true, "{detail}");
-
-    // Its server still down at the next start: the member is absent, the array degraded.
-    let served = Served::start(d, "net", &[], &members);
-    let log = served.log_text();
-    assert!(log.contains("absent") && log.contains("DEGRADED"), "{log}");
-    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x77 31M 1M", &served.uri("net")]));
     served.stop();
+    let check: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "{check}");
 }
 
 #[test]
@@ -211,7 +301,9 @@ fn a_member_server_that_restarts_within_the_member_timeout_is_reconnected() {
     let mut server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
     let uri = format!("nbd://127.0.0.1:{port}/");
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "local.img", &uri]));
-    let served = Served::start(d, "m", &["--member-timeout", "10"], &["local.img", &uri]);
+    let metrics_port = free_port().to_string();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let served = Served::start(d, "m", &["--member-timeout", "10", "--metrics", &metrics], &["local.img", &uri]);
     let array = served.uri("m");
     python(&array, "h.pwrite(b'\\x21' * (1 << 20), 0)\nh.flush()");
     // The member's server dies and comes back (same file, same port) within the timeout.
@@ -233,9 +325,16 @@ fn a_member_server_that_restarts_within_the_member_timeout_is_reconnected() {
     });
     python(&array, "h.pwrite(b'\\x23' * 65536, 3 << 20)\nh.flush()");
     waker.join().unwrap();
+    // The reconnects are counted in the metrics.
+    let text = scrape_metrics(&metrics);
+    let reconnects = metric_value(&text, "raidnbd_member_link_reconnects_total", &uri);
+    assert!(reconnects >= 1.0, "{text}");
+    assert!(metric_value(&text, "raidnbd_member_link_disconnects_total", &uri) >= reconnects, "{text}");
+    assert_eq!(metric_value(&text, "raidnbd_member_link_up", &uri), 1.0, "{text}");
     let log = served.stop();
     assert!(log.contains("reconnected"), "{log}");
     assert!(!log.contains("the member fails"), "{log}");
+    assert!(!log.contains("re-added") && !log.contains("recovery starts"), "no resync: {log}");
     let detail: serde_json::Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "local.img", &uri]))).unwrap();
     assert_eq!((detail["clean"].clone(), detail["degraded"].clone()), (true.into(), false.into()), "{detail}");
@@ -357,4 +456,23 @@ fn ctl_add_and_the_config_file_take_member_uris() {
     let check: serde_json::Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &["check", "--json", "m0", &uri]))).unwrap();
     assert_eq!(check["mismatch_cnt"], 0, "the rebuilt remote copy matches: {check}");
+}
+
+fn scrape_metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics port");
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read the metrics");
+    raw
+}
+
+/// The value of the sample `name` whose labels name `member`.
+fn metric_value(text: &str, name: &str, member: &str) -> f64 {
+    let label = format!("member=\"{member}\"");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
+        .unwrap_or_else(|| panic!("no {name} for {member}: {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }

@@ -20,10 +20,14 @@ use raid_core::engine::{MaintenanceStatus, MaintenanceWork, RoleStatus, SlotStat
 
 use super::ExportMetrics;
 use super::device::Command;
+use member_io::{LinkState, LinkStats};
 use raid_core::decorator::OpKind;
 
 use super::member::MemberStats;
 use super::op_stats::OpStats;
+
+/// Picks one counter out of a member's link statistics.
+type LinkCounter = fn(&LinkStats) -> &std::sync::atomic::AtomicU64;
 
 const SLOT_STATES: [SlotState; 4] = [SlotState::InSync, SlotState::Recovering, SlotState::Faulty, SlotState::Missing];
 
@@ -310,6 +314,39 @@ impl Collector for ScrapeCollector {
             members
                 .iter()
                 .map(|m| (member_labels(m), counter(member_bytes(m, &[OpKind::Discard, OpKind::WriteZeroes])))),
+        )?;
+
+        // Members on other hosts: what their connections went through.
+        let links: Vec<(String, String, Arc<LinkStats>)> = exports
+            .iter()
+            .filter_map(|e| e.links.get().map(|l| (e, l)))
+            .flat_map(|(e, l)| l.all().into_iter().map(move |(uri, s)| (e.name.clone(), uri, s)))
+            .collect();
+        let link_labels =
+            |(export, uri, _): &(String, String, Arc<LinkStats>)| [("export", export.clone()), ("member", uri.clone())];
+        let link_counters: [(&str, &str, LinkCounter); 4] = [
+            ("member_link_disconnects", "Connections to an NBD member that were lost.", |l| &l.disconnects),
+            ("member_link_reconnects", "Lost connections to an NBD member replaced by a new one.", |l| &l.reconnects),
+            ("member_request_timeouts", "NBD member requests that got no answer within --member-timeout.", |l| {
+                &l.timeouts
+            }),
+            ("member_request_retries", "NBD member requests re-sent on a new connection.", |l| &l.retries),
+        ];
+        for (name, help, field) in link_counters {
+            family(
+                enc,
+                name,
+                help,
+                MetricType::Counter,
+                links.iter().map(|l| (link_labels(l), counter(LinkStats::get(field(&l.2))))),
+            )?;
+        }
+        family(
+            enc,
+            "member_link_up",
+            "1 while the connection to an NBD member is up.",
+            MetricType::Gauge,
+            links.iter().map(|l| (link_labels(l), gauge(i64::from(l.2.state() == LinkState::Connected)))),
         )?;
 
         // Arrays: state sampled now.

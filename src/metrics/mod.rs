@@ -43,6 +43,8 @@ pub struct ExportMetrics {
     members: Mutex<BTreeMap<String, Arc<MemberStats>>>,
     /// The array behind the export, for gauges (set once it is assembled).
     array: OnceLock<Arc<Array<dyn Member>>>,
+    /// Its NBD members' connections (set with the member options).
+    pub links: OnceLock<crate::open::LinkRegistry>,
 }
 
 impl ExportMetrics {
@@ -85,6 +87,7 @@ impl Metrics {
             requests: Arc::default(),
             members: Mutex::default(),
             array: OnceLock::new(),
+            links: OnceLock::new(),
         });
         exports.push(export.clone());
         export

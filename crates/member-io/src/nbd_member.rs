@@ -20,7 +20,6 @@
 //! another disk fails the member instead of serving its zeros.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -33,6 +32,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::error::Result;
+use crate::link_stats::{LinkState, LinkStats};
 
 /// Zero writes (export without WRITE_ZEROES) go out in pieces of at most this many bytes.
 const ZERO_PIECE_BYTES: u64 = 1 << 20;
@@ -53,7 +53,7 @@ pub struct NbdMember {
     connection: Mutex<Connection>,
     /// One reconnection at a time.
     reconnecting: tokio::sync::Mutex<()>,
-    reconnects: AtomicU64,
+    link: Arc<LinkStats>,
     identity: Mutex<Identity>,
 }
 
@@ -80,7 +80,9 @@ struct Connection {
 
 impl NbdMember {
     /// Connects to the export at `uri`; a lost connection is retried for `member_timeout`.
-    pub async fn connect(uri: &str, member_timeout: Duration) -> Result<Self> {
+    /// What the connection goes through is counted in `link` (shared by every member opened
+    /// for this URI).
+    pub async fn connect(uri: &str, member_timeout: Duration, link: Arc<LinkStats>) -> Result<Self> {
         let address = ExportAddress::parse(uri)?;
         let client = Client::connect(&address, &client_config(member_timeout)).await?;
         let d = *client.details();
@@ -102,6 +104,7 @@ impl NbdMember {
             "NBD member connected"
         );
         let identity = Identity { acked: read_identity(&client, d.size_bytes).await?, pending: None };
+        link.set_state(LinkState::Connected);
         Ok(Self {
             identity: Mutex::new(identity),
             name: uri.to_string(),
@@ -120,7 +123,7 @@ impl NbdMember {
                 failed: None,
             }),
             reconnecting: tokio::sync::Mutex::new(()),
-            reconnects: AtomicU64::new(0),
+            link,
         })
     }
 
@@ -129,9 +132,18 @@ impl NbdMember {
         self.lock().client.details().read_only()
     }
 
-    /// Connections replaced so far.
-    pub fn reconnects(&self) -> u64 {
-        self.reconnects.load(Ordering::Relaxed)
+    /// What the connection went through.
+    pub fn link(&self) -> &Arc<LinkStats> {
+        &self.link
+    }
+
+    /// Gives up on the member for good: `why`, with the link state it leaves.
+    fn give_up(&self, c: &mut Connection, state: LinkState) -> io::Error {
+        let why = state.reason().unwrap_or("failed").to_string();
+        warn!(member = %self.name, "{why}: the member fails");
+        c.failed = Some(why.clone());
+        self.link.set_state(state);
+        io::Error::other(format!("{}: {why}", self.name))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -151,6 +163,9 @@ impl NbdMember {
     {
         let mut deadline = None;
         loop {
+            if deadline.is_some() {
+                LinkStats::count(&self.link.retries);
+            }
             let (client, generation) = {
                 let c = self.lock();
                 if let Some(why) = &c.failed {
@@ -163,6 +178,7 @@ impl NbdMember {
                 Ok(Err(e)) if !e.is_fatal() => return Err(e.into()),
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => {
+                    LinkStats::count(&self.link.timeouts);
                     let why = format!("no answer within {:?}", self.member_timeout);
                     client.abandon(&why);
                     why
@@ -182,13 +198,13 @@ impl NbdMember {
             if c.generation != generation || c.failed.is_some() {
                 return Ok(());
             }
+            LinkStats::count(&self.link.disconnects);
             let unflushed = c.acked_writes - c.flushed_writes;
             if self.can_flush && unflushed > 0 {
                 let failed = format!("connection lost ({why}) with {unflushed} acknowledged writes not yet flushed");
-                warn!(member = %self.name, "{failed}: the member fails");
-                c.failed = Some(failed.clone());
-                return Err(io::Error::other(format!("{}: {failed}", self.name)));
+                return Err(self.give_up(&mut c, LinkState::Lost(failed)));
             }
+            self.link.set_state(LinkState::Reconnecting);
         }
         warn!(member = %self.name, "connection lost ({why}); reconnecting for up to {:?}", self.member_timeout);
         let mut wait = BACKOFF_FIRST;
@@ -199,16 +215,16 @@ impl NbdMember {
             match outcome {
                 Ok(Ok(client)) if client.details().size_bytes == self.len_bytes => {
                     if let Err(failed) = self.same_member(&client).await {
-                        warn!(member = %self.name, "{failed}: the member fails");
-                        self.lock().failed = Some(failed.clone());
-                        return Err(io::Error::other(format!("{}: {failed}", self.name)));
+                        return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
                     }
                     let mut c = self.lock();
                     c.client = Arc::new(client);
                     c.generation += 1;
                     c.acked_writes = 0;
                     c.flushed_writes = 0;
-                    let n = self.reconnects.fetch_add(1, Ordering::Relaxed) + 1;
+                    LinkStats::count(&self.link.reconnects);
+                    self.link.set_state(LinkState::Connected);
+                    let n = LinkStats::get(&self.link.reconnects);
                     info!(member = %self.name, reconnects = n, "NBD member reconnected; requests re-sent");
                     return Ok(());
                 }
@@ -218,8 +234,7 @@ impl NbdMember {
                         client.details().size_bytes,
                         self.len_bytes
                     );
-                    self.lock().failed = Some(failed.clone());
-                    return Err(io::Error::other(format!("{}: {failed}", self.name)));
+                    return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
                 }
                 Ok(Err(e)) if Instant::now() + wait < deadline => {
                     tracing::debug!(member = %self.name, error = %e, "reconnect failed; retrying in {wait:?}");
@@ -228,9 +243,7 @@ impl NbdMember {
                 }
                 _ => {
                     let failed = format!("connection lost ({why}) and not back within {:?}", self.member_timeout);
-                    warn!(member = %self.name, "{failed}: the member fails");
-                    self.lock().failed = Some(failed.clone());
-                    return Err(io::Error::other(format!("{}: {failed}", self.name)));
+                    return Err(self.give_up(&mut self.lock(), LinkState::Lost(failed)));
                 }
             }
         }

@@ -27,7 +27,11 @@ async fn nbd_member_over_nbdkit() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let uri = format!("nbd+unix:///?socket={}", socket.display());
-    let m = Arc::new(member_io::NbdMember::connect(&uri, std::time::Duration::from_secs(5)).await.expect("connect"));
+    let m = Arc::new(
+        member_io::NbdMember::connect(&uri, std::time::Duration::from_secs(5), Default::default())
+            .await
+            .expect("connect"),
+    );
     assert_eq!(m.len_bytes(), MIN_MEMBER_BYTES);
     assert_eq!(m.alignment(), 1, "nbdkit serves any byte range");
     // Buffers are copied in and out of the connection: nothing outlives a dropped future.

@@ -306,5 +306,9 @@ fn bitmap_re_add_copies_only_dirty_chunks() {
         // Damage in a chunk the bitmap calls clean survives the re-add: proof it was not copied.
         let rig = re_add_rig(level, true);
         assert!(rig.scrub(false) > 0, "{level}: a clean chunk was copied");
+        // And the tally says so: at most the dirty chunks' worth was copied.
+        let tally = rig.array.maintenance_status().last_recovery.expect("a finished recovery");
+        assert!(tally.from_bitmap && tally.dirty_chunks >= 1, "{level}: {tally:?}");
+        assert!(tally.copied_bytes > 0 && tally.copied_bytes <= tally.dirty_chunks * 32 * 512, "{level}: {tally:?}");
     }
 }

@@ -66,6 +66,19 @@ pub enum Step {
     Finished(MaintenanceWork),
 }
 
+/// What a recovery copied onto its role: a full rebuild copies everything, a bitmap re-add
+/// only what was written while the member was away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryTally {
+    pub role: usize,
+    /// A re-add driven by the write-intent bitmap.
+    pub from_bitmap: bool,
+    /// Dirty bitmap chunks when it began (re-add).
+    pub dirty_chunks: u64,
+    /// Member bytes rebuilt and written so far.
+    pub copied_bytes: u64,
+}
+
 /// A snapshot for status displays.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MaintenanceStatus {
@@ -80,6 +93,9 @@ pub struct MaintenanceStatus {
     pub last_scrub: Option<(MaintenanceWork, ScrubCounts)>,
     /// Mismatches counted so far by the running check/repair (md's mismatch_cnt).
     pub mismatch_sectors: u64,
+    /// The recovery running, and the last one finished.
+    pub recovery: Option<RecoveryTally>,
+    pub last_recovery: Option<RecoveryTally>,
 }
 
 struct ScrubJob {
@@ -96,6 +112,8 @@ struct Inner {
     current: Option<MaintenanceWork>,
     /// Recovery sectors done since the last checkpoint.
     since_checkpoint: u64,
+    recovery: Option<RecoveryTally>,
+    last_recovery: Option<RecoveryTally>,
     waker: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
@@ -112,6 +130,8 @@ impl MaintenanceState {
                 last_scrub: None,
                 current: None,
                 since_checkpoint: 0,
+                recovery: None,
+                last_recovery: None,
                 waker: None,
             }),
         }
@@ -188,6 +208,8 @@ impl<M: Member + ?Sized> Array<M> {
             resync_pending: m.resync_next_unit.is_some(),
             last_scrub: m.last_scrub,
             mismatch_sectors: m.scrub.as_ref().map_or(0, |s| s.counts.mismatch_sectors),
+            recovery: m.recovery,
+            last_recovery: m.last_recovery,
         }
     }
 
@@ -296,8 +318,22 @@ impl<M: Member + ?Sized> Array<M> {
         // Installed before it leaves the list (`Array::membership_status` reads spares first).
         slot.install(spare, Some(0));
         self.members.spares.lock().expect("spares lock").retain(|d| d.id != id);
-        self.maintenance.lock().current = Some(MaintenanceWork::Recovery { role });
+        self.begin_recovery(role, false);
         Ok(Some(Step::Worked { work: MaintenanceWork::Recovery { role }, bytes: 0 }))
+    }
+
+    /// Starts the tally of a recovery of `role` (and shows it as the current work).
+    pub(super) fn begin_recovery(&self, role: usize, from_bitmap: bool) {
+        let dirty_chunks = if from_bitmap { self.dirty_bitmap_chunks().unwrap_or(0) } else { 0 };
+        let mut m = self.maintenance.lock();
+        m.current = Some(MaintenanceWork::Recovery { role });
+        m.recovery = Some(RecoveryTally { role, from_bitmap, dirty_chunks, copied_bytes: 0 });
+    }
+
+    fn count_recovered(&self, role: usize, sectors: u64) {
+        if let Some(t) = self.maintenance.lock().recovery.as_mut().filter(|t| t.role == role) {
+            t.copied_bytes += sectors * SECTOR_BYTES;
+        }
     }
 
     /// Records progress when enough was done since the last record: every 128 MiB or
@@ -321,7 +357,14 @@ impl<M: Member + ?Sized> Array<M> {
 
     async fn recovery_step(&self, role: usize, max_bytes: u64) -> Result<Step> {
         let work = MaintenanceWork::Recovery { role };
-        self.maintenance.lock().current = Some(work);
+        {
+            let mut m = self.maintenance.lock();
+            m.current = Some(work);
+            if m.recovery.is_none_or(|t| t.role != role) {
+                // Resumed from a checkpoint at start-up.
+                m.recovery = Some(RecoveryTally { role, from_bitmap: false, dirty_chunks: 0, copied_bytes: 0 });
+            }
+        }
         let slot = &self.members.slots[role];
         let device = slot.device().expect("recovering role has a device");
         let total = self.geometry.member_sectors(role);
@@ -330,8 +373,21 @@ impl<M: Member + ?Sized> Array<M> {
             slot.set_in_sync();
             let _g = self.locks.lock(META_LOCK_KEY).await;
             self.persist_locked(StateChange::InSync { device: device.id }).await;
-            tracing::info!(role, member = device.member.name(), "recovery finished");
-            self.maintenance.lock().since_checkpoint = 0;
+            let mut m = self.maintenance.lock();
+            m.since_checkpoint = 0;
+            let tally = m.recovery.take().filter(|t| t.role == role);
+            m.last_recovery = tally.or(m.last_recovery);
+            drop(m);
+            match tally {
+                Some(t) if t.from_bitmap => tracing::info!(
+                    role,
+                    member = device.member.name(),
+                    copied_bytes = t.copied_bytes,
+                    dirty_chunks = t.dirty_chunks,
+                    "re-add finished: copied only the chunks written while the member was away"
+                ),
+                _ => tracing::info!(role, member = device.member.name(), "recovery finished"),
+            }
             return Ok(Step::Finished(work));
         }
         let (next, bytes) = self.copy_role_range(role, start, max_bytes, None).await?;
@@ -397,6 +453,9 @@ impl<M: Member + ?Sized> Array<M> {
                     continue;
                 }
                 self.rebuild_stripe(stripe, role, replacement).await?;
+                if replacement.is_none() {
+                    self.count_recovered(role, chunk);
+                }
             }
             return Ok(((first + count) * chunk, count * chunk * SECTOR_BYTES));
         }
@@ -424,6 +483,9 @@ impl<M: Member + ?Sized> Array<M> {
                 && (replacement.is_some() || !self.clean_in_bitmap(role, array_sector..array_sector + run))
             {
                 self.rebuild_mirror_piece(role, member_sector, array_sector, run, replacement).await?;
+                if replacement.is_none() {
+                    self.count_recovered(role, run);
+                }
             }
             member_sector += run;
         }

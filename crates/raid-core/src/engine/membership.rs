@@ -269,6 +269,7 @@ impl<M: Member + ?Sized> Array<M> {
         self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
         slot.bitmap_recovery.store(true, Ordering::Release);
         slot.install(device.clone(), Some(0));
+        self.begin_recovery(role, true);
         tracing::info!(
             role,
             member = device.member.name(),

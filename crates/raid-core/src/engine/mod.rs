@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use futures::future::join_all;
 
 pub use lock_table::{LockGuard, LockTable};
-pub use maintenance::{MaintenanceStatus, MaintenanceWork, Step};
+pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 pub use read_data::{FileExtent, ReadData, Segment};
 pub use scrub::ScrubCounts;

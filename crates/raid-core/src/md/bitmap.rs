@@ -62,14 +62,23 @@ fn le64(b: &[u8], at: usize) -> u64 {
 }
 
 impl Bitmap {
-    /// A clean bitmap for an array: chunk chosen like mdadm (at least 64 MiB, doubled until
-    /// the bits fit in `space_bytes`).
-    pub fn new(uuid: MdUuid, sync_size_sectors: u64, space_bytes: u64, events: u64) -> Result<Bitmap, RaidError> {
+    /// A clean bitmap for an array: chunk chosen like mdadm (`chunk_bytes`, default 64 MiB,
+    /// doubled until the bits fit in `space_bytes`).
+    pub fn new(
+        uuid: MdUuid,
+        sync_size_sectors: u64,
+        space_bytes: u64,
+        events: u64,
+        chunk_bytes: Option<u64>,
+    ) -> Result<Bitmap, RaidError> {
         let room_bits = space_bytes.saturating_sub(BITMAP_HEADER_BYTES as u64) * 8;
         if room_bits == 0 {
             return Err(RaidError::new(ErrorKind::Refused, "no room for a bitmap before the data"));
         }
-        let mut chunk = DEFAULT_BITMAP_CHUNK_BYTES;
+        let mut chunk = chunk_bytes.unwrap_or(DEFAULT_BITMAP_CHUNK_BYTES);
+        if !chunk.is_power_of_two() || chunk < 4096 {
+            return Err(RaidError::new(ErrorKind::Refused, "a bitmap chunk is a power of two of at least 4 KiB"));
+        }
         while (sync_size_sectors * 512).div_ceil(chunk) > room_bits {
             chunk *= 2;
         }
@@ -182,7 +191,7 @@ mod tests {
     fn round_trip_and_chunk_choice() {
         let uuid = MdUuid([7; 16]);
         // 16 GiB of resync space in 4 KiB of room: 64 MiB chunks, 256 bits.
-        let mut b = Bitmap::new(uuid, 32 << 20, 4096, 5).unwrap();
+        let mut b = Bitmap::new(uuid, 32 << 20, 4096, 5, None).unwrap();
         assert_eq!(b.chunk_bytes, 64 << 20);
         assert_eq!(b.chunks(), 256);
         b.set(3, true);
@@ -194,7 +203,7 @@ mod tests {
         assert_eq!(d.dirty_chunks(), 2);
         assert!(d.is_set(3) && d.is_set(255) && !d.is_set(4));
         // 4 TiB in 4 KiB: 30720 bits of room -> the chunk doubles to 256 MiB.
-        let big = Bitmap::new(uuid, 8 << 30, 4096, 1).unwrap();
+        let big = Bitmap::new(uuid, 8 << 30, 4096, 1, None).unwrap();
         assert_eq!(big.chunk_bytes, 256 << 20);
         assert!(Bitmap::decode(&bytes, MdUuid([8; 16])).is_err());
         let mut corrupt = bytes.clone();
