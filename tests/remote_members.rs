@@ -246,6 +246,36 @@ fn remote_array(level: &str) {
     let check: serde_json::Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
     assert_eq!(check["mismatch_cnt"], 0, "{check}");
+
+    // md interop: a remote member's export copied to a file examines the same, and mdadm
+    // reads the same superblock from the copy.
+    require_tool("mdadm", "mdadm");
+    for (i, uri) in [(0, members[0]), (4, members[4])] {
+        let copy = d.join(format!("copy{i}.img"));
+        run_ok(Command::new("nbdcopy").arg(uri).arg(&copy));
+        let examine = |m: &str| {
+            let text = assert_ok(&raidnbd(d, &["examine", "--json", m]));
+            let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            v[0].as_object_mut().unwrap().remove("path");
+            v
+        };
+        let remote = examine(uri);
+        assert_eq!(remote, examine(copy.to_str().unwrap()), "{level}: member {i}");
+        let mdadm = run_ok(Command::new("mdadm").arg("--examine").arg(&copy));
+        for (field, want) in [
+            ("Array UUID", remote[0]["array_uuid"].as_str().unwrap().to_string()),
+            ("Events", remote[0]["events"].to_string()),
+            ("Device Role", remote[0]["device_role"].as_str().unwrap().to_string()),
+            ("Raid Level", remote[0]["raid_level"].as_str().unwrap().to_string()),
+            ("Internal Bitmap", "8 sectors from superblock".to_string()),
+        ] {
+            assert!(
+                mdadm.lines().any(|l| l.trim_start().starts_with(field) && l.trim_end().ends_with(&want)),
+                "{level}: mdadm --examine {field} should be {want}: {mdadm}"
+            );
+        }
+        assert!(mdadm.contains("- correct"), "{mdadm}");
+    }
 }
 
 #[test]
