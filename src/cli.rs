@@ -172,6 +172,10 @@ pub struct CreateArgs {
     /// until the bits fit). Smaller: a re-add or a resync after a crash copies less.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub bitmap_chunk: Option<u64>,
+    /// RAID1: write this member like the others but read it only when no other copy can be
+    /// (md's write-mostly: a slow or distant mirror). Repeatable.
+    #[arg(long, value_name = "MEMBER")]
+    pub write_mostly: Vec<String>,
     /// Member files or block devices, in role order; `missing` leaves a slot empty.
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<String>,

@@ -295,6 +295,8 @@ fn status(export: &ControlledExport) -> Value {
             "member": r.name,
             "state": r.state.name(),
             "recovery_offset_sectors": r.recovery_offset_sectors,
+            "write_mostly": array.is_write_mostly(r.role),
+            "read_latency_us": array.read_latency(r.role).map(|l| l.as_micros() as u64),
             "replacement": r.replacement.as_ref().map(|(n, _, done)| json!({"member": n, "done_sectors": done})),
         })).collect::<Vec<_>>(),
         "spares": spares,

@@ -110,6 +110,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         .collect();
     let geometry = Geometry::new(level, meta.layout, meta.chunk_sectors, &sizes).map_err(|e| anyhow!("{e}"))?;
     let bitmap = choose_bitmap(&args, &geometry, &mut meta, &members_bytes)?;
+    mark_write_mostly(&args, &mut meta)?;
 
     let present: Vec<&(String, Arc<dyn Member>)> = slots.iter().flatten().collect();
     assert_eq!(present.len(), meta.members.len(), "one metadata record per present member");
@@ -153,6 +154,29 @@ pub async fn run(args: CreateArgs) -> Result<()> {
     let missing = slots.iter().filter(|s| s.is_none()).count();
     if missing > 0 {
         println!("note: {missing} slot(s) left empty: the array starts degraded");
+    }
+    Ok(())
+}
+
+/// Sets md's write-mostly devflag on the members named by `--write-mostly`.
+fn mark_write_mostly(args: &CreateArgs, meta: &mut md::ArrayMetadata) -> Result<()> {
+    for name in &args.write_mostly {
+        if Level::parse(&args.level) != Some(Level::Raid1) {
+            bail!("--write-mostly is for raid1 (as in md)");
+        }
+        let slot = args
+            .members
+            .iter()
+            .position(|m| m == name && m != "missing")
+            .ok_or_else(|| anyhow!("--write-mostly {name}: not one of the members"))?;
+        // Records are in slot order, one per present member.
+        let present_before = args.members[..slot].iter().filter(|m| *m != "missing").count();
+        meta.members[present_before].devflags |= md::DEVFLAG_WRITE_MOSTLY;
+    }
+    if args.write_mostly.len() >= args.members.iter().filter(|m| *m != "missing").count()
+        && !args.write_mostly.is_empty()
+    {
+        bail!("--write-mostly on every member leaves none to read from");
     }
     Ok(())
 }

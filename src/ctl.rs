@@ -133,7 +133,8 @@ fn mdstat(exports: &Value) -> Option<String> {
                     Some("recovering") => "(R)",
                     _ => "",
                 };
-                format!("{name}[{}]{flag}", r["role"])
+                let write_mostly = if r["write_mostly"] == json!(true) { "(W)" } else { "" };
+                format!("{name}[{}]{write_mostly}{flag}", r["role"])
             })
             .chain(e["spares"].as_array()?.iter().map(|s| format!("{}(S)", s.as_str().unwrap_or("?"))))
             .collect();

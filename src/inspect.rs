@@ -90,6 +90,7 @@ fn examine_json(path: &str, sb: &Superblock, device_bytes: u64) -> Value {
         "layout": layout_name(sb.level, sb.layout),
         "chunk_bytes": u64::from(sb.chunksize) * SECTOR_BYTES,
         "device_role": sb.role().to_string(),
+        "write_mostly": sb.devflags & raid_core::md::DEVFLAG_WRITE_MOSTLY != 0,
         "array_state": array_state_chars(sb),
     })
 }
@@ -116,6 +117,9 @@ fn examine_text(path: &str, sb: &Superblock) -> String {
     }
     line("State", if sb.is_clean() { "clean".into() } else { "active".into() });
     line("Device UUID", sb.device_uuid.to_string());
+    if sb.devflags & raid_core::md::DEVFLAG_WRITE_MOSTLY != 0 {
+        line("Flags", "write-mostly".into());
+    }
     line("Update Time", ctime(sb.utime_secs()));
     line("Events", sb.events.to_string());
     if let Some(layout) = layout_name(sb.level, sb.layout) {

@@ -27,6 +27,7 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
             force: false,
             bitmap: None,
             bitmap_chunk: None,
+            write_mostly: Vec::new(),
             members: paths.clone(),
         })
         .await?;

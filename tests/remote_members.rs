@@ -506,3 +506,74 @@ fn metric_value(text: &str, name: &str, member: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} for {member}: {text}"));
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
+
+/// `nbdkit --filter=delay file FILE rdelay=MS` on 127.0.0.1:`port`: a distant member.
+fn nbdkit_delayed_file(file: &Path, port: u16, delay_ms: u32) -> Child {
+    let child = Command::new("nbdkit")
+        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "--filter=delay", "file"])
+        .arg(file)
+        .arg(format!("rdelay={delay_ms}ms"))
+        .spawn()
+        .expect("nbdkit file with the delay filter");
+    wait_for_port(port);
+    child
+}
+
+/// RAID1 of a local file and a distant one (reads delayed 5 ms): marked write-mostly, the
+/// distant copy is never read; unmarked, reads still go to the local copy by measured
+/// latency (but for rare probes). Both copies get every write.
+#[test]
+fn mirror_reads_avoid_a_write_mostly_or_distant_copy() {
+    require_tool("nbdkit", "nbdkit");
+    for write_mostly in [true, false] {
+        let dir = tempdir();
+        let d = dir.path();
+        let remote_file = d.join("remote.img");
+        std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
+        let port = free_port();
+        let _server = Peers { children: vec![nbdkit_delayed_file(&remote_file, port, 5)] };
+        let uri = format!("nbd://127.0.0.1:{port}/");
+        let mut create = vec!["create", "--level", "1", "--size", "32M"];
+        if write_mostly {
+            create.extend(["--write-mostly", &uri]);
+        }
+        create.extend(["local.img", &uri]);
+        assert_ok(&raidnbd(d, &create));
+        let examine: serde_json::Value =
+            serde_json::from_str(&assert_ok(&raidnbd(d, &["examine", "--json", &uri]))).unwrap();
+        assert_eq!(examine[0]["write_mostly"], write_mostly, "{examine}");
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let control = d.join("control.sock");
+        let served = Served::start(
+            d,
+            "m",
+            &["--metrics", &metrics, "--control", control.to_str().unwrap()],
+            &["local.img", &uri],
+        );
+        python(
+            &served.uri("m"),
+            "import os\ndata = os.urandom(8 << 20)\nh.pwrite(data, 0)\nh.flush()\n\
+             for i in range(400):\n    off = (i * 1048573 * 512) % ((8 << 20) - 65536) // 512 * 512\n    \
+             assert h.pread(65536, off) == data[off:off + 65536]",
+        );
+        let status = ctl_status(d, &control);
+        assert_eq!(status["roles"][1]["write_mostly"], write_mostly, "{status:#}");
+        let text = scrape_metrics(&metrics);
+        let remote_reads = metric_value(&text, "raidnbd_member_read_bytes_total", &uri);
+        let local = d.join("local.img").canonicalize().unwrap();
+        let local_reads = metric_value(&text, "raidnbd_member_read_bytes_total", local.to_str().unwrap());
+        let written = metric_value(&text, "raidnbd_member_written_bytes_total", &uri);
+        assert!(written >= (8 << 20) as f64, "the distant copy is written: {text}");
+        if write_mostly {
+            // The only reads of the write-mostly copy: its superblock area at start.
+            assert!(remote_reads <= 8192.0, "write-mostly copy read {remote_reads} bytes");
+        } else {
+            assert!(remote_reads <= local_reads / 20.0, "distant copy read {remote_reads} vs local {local_reads}");
+        }
+        assert!(local_reads >= (400 * 65536) as f64 * 0.9, "{local_reads}");
+        served.stop();
+        let check: serde_json::Value =
+            serde_json::from_str(&assert_ok(&raidnbd(d, &["check", "--json", "local.img", &uri]))).unwrap();
+        assert_eq!(check["mismatch_cnt"], 0, "{check}");
+    }
+}

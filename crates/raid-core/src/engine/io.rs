@@ -100,7 +100,12 @@ impl<M: Member + ?Sized> Array<M> {
     pub(crate) async fn read_member(&self, role: usize, member_sector: u64, sectors: u64) -> io::Result<AlignedBuf> {
         let slot = &self.members.slots[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
-        read_device(&device, member_sector, sectors, &slot.inflight_read_bytes).await
+        let started = std::time::Instant::now();
+        let read = read_device(&device, member_sector, sectors, &slot.inflight_read_bytes).await;
+        if read.is_ok() {
+            slot.read_balance.record(started.elapsed());
+        }
+        read
     }
 
     /// Writes `buf` at `member_sector` of `role`, and to the role's replacement if one is

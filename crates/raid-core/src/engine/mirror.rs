@@ -1,7 +1,8 @@
 //! Levels without parity: linear, raid0, raid1, raid10.
 //!
 //! Reads take one readable copy of each piece (the least loaded one, so mirrors share
-//! the read work) and fall back to another copy when a member fails. Writes go to every
+//! the read work; write-mostly and much slower copies only when needed: read_balance.rs)
+//! and fall back to another copy when a member fails. Writes go to every
 //! writable copy; a write succeeds when every piece reached at least one copy.
 //! raid1/raid10 writes lock their range so two overlapping writes cannot leave the
 //! copies different (md leaves that to the filesystem; a scrub would flag it).
@@ -154,8 +155,9 @@ impl<M: Member + ?Sized> Array<M> {
             if self.geometry.level() == Level::Raid1 {
                 run = run.min(MIRROR_READ_SPLIT_SECTORS - sector % MIRROR_READ_SPLIT_SECTORS);
             }
-            let readable: Vec<&Extent> =
-                mapped.copies.iter().filter(|c| self.members.slots[c.role].is_readable(c.member_sector, run)).collect();
+            let readable: Vec<&Extent> = self.read_candidates(
+                mapped.copies.iter().filter(|c| self.members.slots[c.role].is_readable(c.member_sector, run)).collect(),
+            );
             let load = |c: &Extent| self.read_load(c.role) + planned[c.role];
             let region = match self.geometry.level() {
                 Level::Raid1 => MIRROR_READ_SPLIT_SECTORS,

@@ -34,6 +34,7 @@ mod membership;
 mod metadata;
 mod mirror;
 mod quiesce;
+mod read_balance;
 mod read_data;
 mod scrub;
 mod slot;

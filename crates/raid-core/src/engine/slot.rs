@@ -17,6 +17,7 @@
 //! request samples them when it plans its I/O, and any I/O error marks the member faulty
 //! before the request is retried.
 
+use super::read_balance::ReadBalance;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -91,6 +92,8 @@ pub(crate) struct Slot<M: ?Sized> {
     pub bitmap_recovery: AtomicBool,
     /// Bytes of reads in flight, for read balancing between copies.
     pub inflight_read_bytes: AtomicU64,
+    /// Write-mostly and measured read latency (read_balance.rs).
+    pub read_balance: ReadBalance,
     /// Devices of this role that failed so far, and the name of the last (for monitors).
     failures: AtomicU64,
     last_failed: RwLock<Option<String>>,
@@ -105,6 +108,7 @@ impl<M: Member + ?Sized> Slot<M> {
             replacement: RwLock::new(None),
             bitmap_recovery: AtomicBool::new(false),
             inflight_read_bytes: AtomicU64::new(0),
+            read_balance: ReadBalance::default(),
             failures: AtomicU64::new(0),
             last_failed: RwLock::new(None),
         };

@@ -18,7 +18,9 @@ use crate::buf::AlignedBuf;
 use crate::engine::{Array, Device, RoleMember};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Geometry, Level};
-use crate::md::{Assembly, BITMAP_STALE, Bitmap, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
+use crate::md::{
+    Assembly, BITMAP_STALE, Bitmap, DEVFLAG_WRITE_MOSTLY, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES,
+};
 use crate::member::Member;
 
 /// Bitmaps are at most this large (mdadm reserves up to 128 KiB).
@@ -160,7 +162,13 @@ fn build<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>], bitmap: Op
         intent = Some((bitmap.chunk_sectors(), chunks, dirty));
         store = store.with_bitmap(bitmap);
     }
+    let write_mostly: Vec<usize> = (0..roles)
+        .filter(|&role| member_index(role).is_some_and(|i| meta.members[i].devflags & DEVFLAG_WRITE_MOSTLY != 0))
+        .collect();
     let mut array = Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean())?.with_spares(spares);
+    for role in write_mostly {
+        array.set_write_mostly(role, true);
+    }
     if let Some((chunk_sectors, chunks, dirty)) = intent {
         array = array.with_write_intent(chunk_sectors, chunks, &dirty);
     }

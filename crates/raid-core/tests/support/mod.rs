@@ -89,6 +89,8 @@ pub struct TestMember {
     pub fail_writes: AtomicBool,
     pub reads: AtomicU64,
     pub writes: AtomicU64,
+    /// Every read takes at least this many microseconds (a slow or distant member).
+    pub read_delay_us: AtomicU64,
 }
 
 impl TestMember {
@@ -100,6 +102,7 @@ impl TestMember {
             fail_writes: AtomicBool::new(false),
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            read_delay_us: AtomicU64::new(0),
         }
     }
 
@@ -151,6 +154,11 @@ impl Member for TestMember {
         self.reads.fetch_add(1, Ordering::Relaxed);
         if self.failing() {
             return Box::pin(std::future::ready((Err(eio()), buf)));
+        }
+        let delay = self.read_delay_us.load(Ordering::Relaxed);
+        if delay > 0 {
+            // The array measures from the call: a delay here is latency to it.
+            std::thread::sleep(std::time::Duration::from_micros(delay));
         }
         self.wrap(self.inner.read_at(offset_bytes, buf))
     }
