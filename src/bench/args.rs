@@ -73,6 +73,21 @@ pub struct BenchArgs {
     /// (with the spread): for noisy or shared machines.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
+    /// Serve every member from its own nbdkit (file plugin on 127.0.0.1 TCP) and build the
+    /// arrays over their nbd:// URIs: network RAID, members on "other hosts".
+    #[arg(long)]
+    pub remote_members: bool,
+    /// With --remote-members: each member's bandwidth in bytes/s (nbdkit's rate filter).
+    #[arg(long, value_parser = parse_size, requires = "remote_members")]
+    pub remote_bw: Option<u64>,
+    /// With --remote-members: each member's IOPS ceiling (nbdkit's delay filter on
+    /// REMOTE_THREADS request threads: each request takes REMOTE_THREADS/N seconds).
+    #[arg(long, requires = "remote_members")]
+    pub remote_iops: Option<u64>,
+    /// With --remote-members: latency added to every member read and write (nbdkit's delay
+    /// filter), e.g. 2ms.
+    #[arg(long, value_parser = super::parse_duration, requires = "remote_members")]
+    pub remote_delay: Option<std::time::Duration>,
     #[command(flatten)]
     pub io: MemberIoArgs,
 }

@@ -147,7 +147,9 @@ fn run_blocking(plan: &Plan, command: String) -> Result<()> {
 fn settings(plan: &Plan, workspace: &Workspace) -> Settings {
     Settings {
         member_bytes: plan.member_bytes,
-        member_location: if plan.devices.is_empty() {
+        member_location: if let Some(remote) = &plan.remote {
+            format!("sparse files in {}, each served by {}", workspace.root.display(), remote.describe())
+        } else if plan.devices.is_empty() {
             format!("sparse files in {}", workspace.root.display())
         } else {
             format!("devices {}", plan.devices.join(", "))
@@ -219,7 +221,8 @@ fn measure_array(
 ) -> Result<()> {
     check_interrupted()?;
     let array = &plan.arrays[array_index];
-    let members = server::create_array(array, workspace, &plan.devices, plan.member_bytes, plan.keep)?;
+    let members =
+        server::create_array(array, workspace, &plan.devices, plan.member_bytes, plan.keep, plan.remote.as_ref())?;
     let mut filled = !plan.fill;
     for &cache in &plan.caches {
         check_interrupted()?;

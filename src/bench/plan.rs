@@ -101,6 +101,43 @@ pub struct Plan {
     pub rounds: usize,
     pub cache_bytes: Option<u64>,
     pub io: MemberIoArgs,
+    /// Members served by nbdkit, reached over NBD.
+    pub remote: Option<RemoteMembers>,
+}
+
+/// How `--remote-members` members behave: nbdkit's rate and delay filters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteMembers {
+    pub bytes_per_sec: Option<u64>,
+    pub iops: Option<u64>,
+    pub delay: Option<Duration>,
+}
+
+/// Request threads of each nbdkit member when its IOPS are capped: at most this many
+/// requests are in the delay at once.
+pub const REMOTE_THREADS: u64 = 4;
+
+impl RemoteMembers {
+    /// Delay of every read and write: the latency asked for plus REMOTE_THREADS/iops.
+    pub fn request_delay(&self) -> Duration {
+        let iops = self.iops.map_or(Duration::ZERO, |n| Duration::from_secs_f64(REMOTE_THREADS as f64 / n as f64));
+        self.delay.unwrap_or(Duration::ZERO) + iops
+    }
+
+    /// "nbdkit file, 20.0 MiB/s, 200 IOPS, +2 ms": for tables and notes.
+    pub fn describe(&self) -> String {
+        let mut parts = vec!["nbdkit file over NBD (127.0.0.1 TCP)".to_string()];
+        if let Some(bw) = self.bytes_per_sec {
+            parts.push(format!("{}/s (rate filter)", format_size(bw)));
+        }
+        if let Some(iops) = self.iops {
+            parts.push(format!("{iops} IOPS ({REMOTE_THREADS} threads, delay filter)"));
+        }
+        if let Some(d) = self.delay {
+            parts.push(format!("+{} ms per request", d.as_secs_f64() * 1e3));
+        }
+        parts.join(", ")
+    }
 }
 
 /// Levels with a chunk size.
@@ -182,6 +219,12 @@ impl Plan {
         if args.rounds == 0 || args.rounds > 100 {
             bail!("--rounds must be between 1 and 100");
         }
+        if args.remote_members && !args.devices.is_empty() {
+            bail!("--remote-members serves member files it makes; drop --devices");
+        }
+        if args.remote_iops == Some(0) || args.remote_bw == Some(0) {
+            bail!("--remote-iops and --remote-bw must be above 0");
+        }
         if !args.devices.is_empty() {
             if !args.force {
                 bail!("--devices are overwritten by every array the bench builds; add --force to confirm");
@@ -209,12 +252,19 @@ impl Plan {
             rounds: args.rounds,
             cache_bytes: args.cache_size,
             io: args.io.clone(),
+            remote: args.remote_members.then_some(RemoteMembers {
+                bytes_per_sec: args.remote_bw,
+                iops: args.remote_iops,
+                delay: args.remote_delay,
+            }),
         })
     }
 
     /// Whether the members are throttled like cloud volumes.
     pub fn throttled(&self) -> bool {
-        self.io.member_bw.is_some() || self.io.member_iops.is_some()
+        self.io.member_bw.is_some()
+            || self.io.member_iops.is_some()
+            || self.remote.is_some_and(|r| r.bytes_per_sec.is_some() || r.iops.is_some())
     }
 }
 

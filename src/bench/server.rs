@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
-use super::plan::ArraySpec;
+use super::plan::{ArraySpec, REMOTE_THREADS, RemoteMembers};
 use crate::shared_args::{CacheMode, MemberIoArgs};
 
 /// Export name the bench serves.
@@ -52,21 +52,30 @@ impl Drop for Workspace {
     }
 }
 
-/// The members of one array; temporary files are deleted on drop unless kept.
+/// The members of one array; temporary files are deleted on drop unless kept, nbdkit
+/// servers of remote members are stopped.
 pub struct Members {
+    /// What `create` and `serve` are given: paths, or nbd:// URIs of remote members.
     pub paths: Vec<String>,
     /// Array size as `create` reported it.
     pub array_bytes: Option<u64>,
+    files: Vec<PathBuf>,
     files_dir: Option<PathBuf>,
+    peers: Vec<Child>,
     keep: bool,
 }
 
 impl Drop for Members {
     fn drop(&mut self) {
+        for peer in &mut self.peers {
+            // nbdkit ignores SIGTERM while a client is connected.
+            let _ = peer.kill();
+            let _ = peer.wait();
+        }
         if let Some(dir) = &self.files_dir
             && !self.keep
         {
-            for path in &self.paths {
+            for path in &self.files {
                 let _ = std::fs::remove_file(path);
             }
             let _ = std::fs::remove_dir(dir);
@@ -78,33 +87,99 @@ fn exe() -> Result<PathBuf> {
     std::env::current_exe().context("cannot find the raidnbd executable")
 }
 
-/// Creates `array` on fresh members: sparse files under `workspace`, or `devices`.
+/// Serves `file` with `nbdkit file` on a free 127.0.0.1 port, with the rate and delay
+/// filters `remote` asks for; returns the child and the member URI.
+fn start_nbdkit(file: &Path, remote: &RemoteMembers, log: &Path) -> Result<(Child, String)> {
+    let port = free_port()?;
+    let mut args: Vec<String> = vec!["-f".into(), "-i".into(), "127.0.0.1".into(), "-p".into(), port.to_string()];
+    if remote.iops.is_some() {
+        args.extend(["-t".into(), REMOTE_THREADS.to_string()]);
+    }
+    let delay = remote.request_delay();
+    if remote.bytes_per_sec.is_some() {
+        args.push("--filter=rate".into());
+    }
+    if !delay.is_zero() {
+        args.push("--filter=delay".into());
+    }
+    args.extend(["file".into(), file.to_string_lossy().into_owned()]);
+    if let Some(bw) = remote.bytes_per_sec {
+        args.push(format!("rate={}", bw * 8));
+    }
+    if !delay.is_zero() {
+        let ms = delay.as_secs_f64() * 1e3;
+        args.extend([format!("rdelay={ms:.3}ms"), format!("wdelay={ms:.3}ms")]);
+    }
+    let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let mut child = Command::new("nbdkit")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .context("cannot run nbdkit (--remote-members needs it: apt install nbdkit)")?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "nbdkit {} exited ({status}): {}",
+                args.join(" "),
+                std::fs::read_to_string(log).unwrap_or_default().trim()
+            );
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("nbdkit {} did not listen within 20s", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((child, format!("nbd://127.0.0.1:{port}/")))
+}
+
+/// Creates `array` on fresh members: sparse files under `workspace` (served by nbdkit when
+/// `remote`), or `devices`.
 pub fn create_array(
     array: &ArraySpec,
     workspace: &Workspace,
     devices: &[String],
     member_bytes: u64,
     keep: bool,
+    remote: Option<&RemoteMembers>,
 ) -> Result<Members> {
     let mut args: Vec<String> = vec!["create".into()];
     args.extend(array.create_args());
     args.extend(["--name".into(), EXPORT.into()]);
-    let (paths, files_dir) = if devices.is_empty() {
+    let mut members =
+        Members { paths: Vec::new(), array_bytes: None, files: Vec::new(), files_dir: None, peers: Vec::new(), keep };
+    if devices.is_empty() {
         let dir = workspace.root.join(array.id());
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let paths: Vec<String> =
-            (0..array.members).map(|i| dir.join(format!("member{i}.img")).to_string_lossy().into_owned()).collect();
-        for p in &paths {
+        members.files = (0..array.members).map(|i| dir.join(format!("member{i}.img"))).collect();
+        members.files_dir = Some(dir);
+        for p in &members.files {
             let _ = std::fs::remove_file(p);
         }
-        args.extend(["--size".into(), member_bytes.to_string()]);
-        (paths, Some(dir))
+        match remote {
+            Some(remote) => {
+                for (i, file) in members.files.iter().enumerate() {
+                    member_io::create_sparse_file(file, member_bytes)
+                        .with_context(|| format!("cannot create {}", file.display()))?;
+                    let log = file.with_file_name(format!("nbdkit{i}.log"));
+                    let (child, uri) = start_nbdkit(file, remote, &log)?;
+                    members.peers.push(child);
+                    members.paths.push(uri);
+                }
+            }
+            None => {
+                members.paths = members.files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
+                args.extend(["--size".into(), member_bytes.to_string()]);
+            }
+        }
     } else {
         args.push("--force".into());
-        (devices[..array.members].to_vec(), None)
-    };
-    args.extend(paths.iter().cloned());
-    let mut members = Members { paths, array_bytes: None, files_dir, keep };
+        members.paths = devices[..array.members].to_vec();
+    }
+    args.extend(members.paths.iter().cloned());
     let out = Command::new(exe()?)
         .args(&args)
         .env("RUST_LOG", "warn")

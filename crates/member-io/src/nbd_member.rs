@@ -4,7 +4,8 @@
 //! Requests are split at the export's maximum payload; alignment is the export's minimum
 //! block (at most 4096). Member `discard` and `write_zeroes` must leave zeros, which NBD's
 //! TRIM does not promise, so both are WRITE_ZEROES (without and with NO_HOLE), or zero
-//! writes when the export has no WRITE_ZEROES. FUA and FLUSH pass through.
+//! writes when the export has no WRITE_ZEROES. FUA and FLUSH pass through; on an export
+//! without FUA a FUA write is a write and a FLUSH.
 //!
 //! A network blip is not a failed member. A request whose connection drops, or that gets no
 //! answer for the member timeout (a server stopped or cut off), is re-sent on a new
@@ -48,6 +49,8 @@ pub struct NbdMember {
     /// Largest piece of one READ/WRITE (the export's maximum payload, whole alignments).
     piece_bytes: u64,
     can_flush: bool,
+    /// Without it, a FUA write is a write and a FLUSH.
+    can_fua: bool,
     can_write_zeroes: bool,
     member_timeout: Duration,
     connection: Mutex<Connection>,
@@ -113,6 +116,7 @@ impl NbdMember {
             alignment,
             piece_bytes: piece_bytes.max(alignment as u64),
             can_flush: d.can_flush(),
+            can_fua: d.can_fua(),
             can_write_zeroes: d.can_write_zeroes(),
             member_timeout,
             connection: Mutex::new(Connection {
@@ -259,12 +263,19 @@ impl NbdMember {
             // Part of the area: what it holds now is not known here.
             self.identity().acked = None;
         }
-        let written = self
+        let native_fua = fua && self.can_fua;
+        let mut written = self
             .run(|client| {
                 let piece = piece.clone();
-                async move { client.write(offset, piece, fua).await }
+                async move { client.write(offset, piece, native_fua).await }
             })
             .await;
+        if written.is_ok() && !native_fua {
+            self.lock().acked_writes += 1;
+            if fua {
+                written = self.flush().await;
+            }
+        }
         if covers_identity {
             let mut identity = self.identity();
             let pending = identity.pending.take();
@@ -272,11 +283,7 @@ impl NbdMember {
                 identity.acked = pending;
             }
         }
-        written?;
-        if !fua {
-            self.lock().acked_writes += 1;
-        }
-        Ok(())
+        written
     }
 
     fn identity(&self) -> std::sync::MutexGuard<'_, Identity> {

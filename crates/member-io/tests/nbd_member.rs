@@ -8,9 +8,9 @@ use std::sync::Arc;
 use raid_core::Member;
 use raid_core::conformance::{InFlight, MIN_MEMBER_BYTES, run_all};
 
-/// A member that is an NBD export: nbdkit's memory plugin over a Unix socket.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbd_member_over_nbdkit() {
+/// Serves nbdkit's memory plugin (with `filter` args before it and `params` after) on a Unix
+/// socket and runs the conformance suite over it.
+async fn conformance_over_nbdkit(filter: &[&str], params: &[&str]) {
     let found = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("nbdkit").is_file()));
     assert!(found, "nbdkit is required: apt-get install nbdkit");
     let dir = tempfile::tempdir().unwrap();
@@ -18,7 +18,9 @@ async fn nbd_member_over_nbdkit() {
     let mut child = std::process::Command::new("nbdkit")
         .args(["-f", "--exit-with-parent", "-U"])
         .arg(&socket)
+        .args(filter)
         .args(["memory", &MIN_MEMBER_BYTES.to_string()])
+        .args(params)
         .spawn()
         .expect("start nbdkit");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -38,4 +40,17 @@ async fn nbd_member_over_nbdkit() {
     run_all(m, InFlight::Synchronous).await;
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A member that is an NBD export: nbdkit's memory plugin over a Unix socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbd_member_over_nbdkit() {
+    conformance_over_nbdkit(&[], &[]).await;
+}
+
+/// An export with FLUSH but no FUA (nbdkit's fua filter; its default mode, none): FUA writes (every
+/// superblock and bitmap write) become a write and a FLUSH.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbd_member_over_an_export_without_fua() {
+    conformance_over_nbdkit(&["--filter=fua"], &[]).await;
 }

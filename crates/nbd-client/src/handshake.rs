@@ -40,6 +40,10 @@ impl ExportDetails {
     pub fn can_flush(&self) -> bool {
         self.can(tflags::SEND_FLUSH)
     }
+    /// FUA is advertised (a write with it is durable when answered).
+    pub fn can_fua(&self) -> bool {
+        self.can(tflags::SEND_FUA)
+    }
     pub fn can_write_zeroes(&self) -> bool {
         self.can(tflags::SEND_WRITE_ZEROES)
     }
