@@ -577,3 +577,104 @@ fn mirror_reads_avoid_a_write_mostly_or_distant_copy() {
         assert_eq!(check["mismatch_cnt"], 0, "{check}");
     }
 }
+
+/// Members over TLS (`nbds://`, `nbds+unix://`): nbdkit requiring TLS with X.509 and a
+/// verified client certificate, nbdkit with PSK on a Unix socket, qemu-nbd with
+/// tls-creds-x509, and another raidnbd serving one export over TLS. A RAID5 of them is
+/// created, served and checked; wrong credentials are refused with a TLS error.
+#[test]
+fn members_over_tls() {
+    require_tool("nbdkit", "nbdkit");
+    require_tool("qemu-nbd", "qemu-utils");
+    require_tool("certtool", "gnutls-bin");
+    require_tool("psktool", "gnutls-bin");
+    require_tool("nbdcopy", "libnbd-bin");
+    let dir = tempdir();
+    let d = dir.path();
+    let creds = d.join("creds");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/nbd-server/tests/make-pki.sh");
+    run_ok(Command::new(script).arg(&creds));
+    let pki = creds.join("pki");
+    let psk = creds.join("keys.psk");
+    let mut peers = Peers { children: Vec::new() };
+    let mut uris = Vec::new();
+    // nbdkit, X.509, client certificate verified.
+    let port = free_port();
+    peers.children.push(
+        Command::new("nbdkit")
+            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "--tls=require", "--tls-verify-peer"])
+            .arg(format!("--tls-certificates={}", pki.display()))
+            .args(["memory", "48M"])
+            .spawn()
+            .expect("nbdkit"),
+    );
+    wait_for_port(port);
+    uris.push(format!("nbds://localhost:{port}/?tls-certificates={}", pki.display()));
+    // nbdkit, PSK, Unix socket.
+    let socket = d.join("psk.sock");
+    peers.children.push(
+        Command::new("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&socket)
+            .args(["--tls=require"])
+            .arg(format!("--tls-psk={}", psk.display()))
+            .args(["memory", "48M"])
+            .spawn()
+            .expect("nbdkit"),
+    );
+    wait_for_socket(&socket);
+    uris.push(format!("nbds+unix:///?socket={}&tls-psk-file={}&tls-username=alice", socket.display(), psk.display()));
+    // qemu-nbd, X.509.
+    let image = d.join("q.img");
+    std::fs::File::create(&image).unwrap().set_len(48 << 20).unwrap();
+    let port = free_port();
+    peers.children.push(
+        Command::new("qemu-nbd")
+            .args(["--persistent", "-f", "raw", "-x", "q", "-b", "127.0.0.1", "-p", &port.to_string()])
+            .arg("--object")
+            .arg(format!("tls-creds-x509,id=tls0,dir={},endpoint=server", pki.display()))
+            .args(["--tls-creds", "tls0"])
+            .arg(&image)
+            .spawn()
+            .expect("qemu-nbd"),
+    );
+    wait_for_port(port);
+    uris.push(format!("nbds://localhost:{port}/q?tls-certificates={}", pki.display()));
+    // Another raidnbd, serving a RAID1 of two files over TLS only.
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "48M", "inner0", "inner1"]));
+    let pki_arg = pki.to_str().unwrap();
+    let inner = Served::start(d, "inner", &["--tls", "require", "--tls-certificates", pki_arg], &["inner0", "inner1"]);
+    uris.push(format!("nbds://localhost:{}/inner?tls-certificates={}", inner.port, pki.display()));
+
+    let members: Vec<&str> = uris.iter().map(String::as_str).collect();
+    let mut create = vec!["create", "--level", "5", "--chunk", "64K"];
+    create.extend_from_slice(&members);
+    assert_ok(&raidnbd(d, &create));
+    let served = Served::start(d, "tls", &[], &members);
+    let payload: Vec<u8> = (0..16u32 << 20).map(|i| (i.wrapping_mul(2246822519) >> 11) as u8).collect();
+    std::fs::write(d.join("payload"), &payload).unwrap();
+    run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("tls")).arg("--flush"));
+    run_ok(Command::new("nbdcopy").arg(served.uri("tls")).arg(d.join("back")));
+    assert!(std::fs::read(d.join("back")).unwrap()[..payload.len()] == payload[..], "bytes over TLS members");
+    served.stop();
+    let check: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "{check}");
+    let examine = assert_ok(&raidnbd(d, &["examine", members[1]]));
+    assert!(examine.contains("raid5"), "{examine}");
+
+    // Wrong credentials: a wrong PSK, a CA that did not sign the server, no credentials.
+    let wrong = creds.join("wrong.psk");
+    let bad = [
+        format!("nbds+unix:///?socket={}&tls-psk-file={}&tls-username=alice", socket.display(), wrong.display()),
+        format!("nbds://localhost:{}/inner?tls-certificates={}", inner.port, creds.join("foreign-ca").display()),
+        format!("nbd://localhost:{}/inner", inner.port),
+    ];
+    for uri in &bad {
+        let out = raidnbd(d, &["examine", uri]);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{uri} must be refused: {text}");
+        assert!(text.contains("TLS") || text.contains("refused"), "{uri}: {text}");
+    }
+    inner.stop();
+}

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::address::{Endpoint, ExportAddress};
 use crate::error::{ClientError, Result};
-use crate::handshake::{ExportDetails, negotiate};
+use crate::handshake::{ExportDetails, greet, negotiate, start_tls};
 use crate::replies::{Waiter, read_replies};
 
 /// Limits of one connection.
@@ -46,6 +46,21 @@ impl Default for ClientConfig {
 }
 
 type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// Greeting, STARTTLS, the TLS handshake, then the export's negotiation over TLS.
+async fn handshake_tls<S>(mut stream: S, address: &ExportAddress, name: &str) -> Result<(ExportDetails, Reader, Writer)>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let settings = address.tls.as_ref().expect("a TLS address");
+    greet(&mut stream, name).await?;
+    start_tls(&mut stream, name).await?;
+    let mut tls = crate::tls::connect(settings, stream, name).await?;
+    let details = negotiate(&mut tls, &address.export, name).await?;
+    let (r, w) = tokio::io::split(tls);
+    Ok((details, Box::new(r), Box::new(w)))
+}
 
 /// State shared with the reader task.
 pub(crate) struct Shared {
@@ -102,21 +117,27 @@ impl Client {
         let connect = async {
             match &address.endpoint {
                 Endpoint::Tcp { host, port } => {
-                    let mut tcp = TcpStream::connect((host.as_str(), *port)).await.map_err(io)?;
+                    let tcp = TcpStream::connect((host.as_str(), *port)).await.map_err(io)?;
                     tcp.set_nodelay(true).map_err(io)?;
+                    if address.tls.is_some() {
+                        return handshake_tls(tcp, address, &name).await;
+                    }
+                    let mut tcp = tcp;
+                    greet(&mut tcp, &name).await?;
                     let details = negotiate(&mut tcp, &address.export, &name).await?;
                     let (r, w) = tcp.into_split();
-                    Ok::<_, ClientError>((
-                        details,
-                        Box::new(r) as Box<dyn AsyncRead + Send + Unpin>,
-                        Box::new(w) as Writer,
-                    ))
+                    Ok::<_, ClientError>((details, Box::new(r) as Reader, Box::new(w) as Writer))
                 }
                 Endpoint::Unix { socket } => {
-                    let mut unix = UnixStream::connect(socket).await.map_err(io)?;
+                    let unix = UnixStream::connect(socket).await.map_err(io)?;
+                    if address.tls.is_some() {
+                        return handshake_tls(unix, address, &name).await;
+                    }
+                    let mut unix = unix;
+                    greet(&mut unix, &name).await?;
                     let details = negotiate(&mut unix, &address.export, &name).await?;
                     let (r, w) = unix.into_split();
-                    Ok((details, Box::new(r) as Box<dyn AsyncRead + Send + Unpin>, Box::new(w) as Writer))
+                    Ok((details, Box::new(r) as Reader, Box::new(w) as Writer))
                 }
             }
         };

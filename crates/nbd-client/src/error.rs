@@ -23,7 +23,10 @@ pub enum ClientError {
     /// A request the export cannot take (beyond its end, over its maximum payload, misaligned).
     #[error("{address}: invalid request: {what}")]
     Invalid { address: String, what: String },
-    #[error("invalid NBD address {0:?}")]
+    /// TLS could not be set up: credentials, or the handshake.
+    #[error("{address}: TLS: {what}")]
+    Tls { address: String, what: String },
+    #[error("invalid NBD address {0}")]
     Address(String),
 }
 

@@ -49,8 +49,8 @@ impl ExportDetails {
     }
 }
 
-/// Runs the handshake for `export` on `stream`; `address` names the server in errors.
-pub(crate) async fn negotiate<S>(stream: &mut S, export: &str, address: &str) -> Result<ExportDetails>
+/// Reads the greeting and sends the client flags; `address` names the server in errors.
+pub(crate) async fn greet<S>(stream: &mut S, address: &str) -> Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -64,7 +64,44 @@ where
     }
     let flags = ClientFlags { fixed_newstyle: true, no_zeroes: server.no_zeroes };
     stream.write_all(&encode_client_flags(flags)).await.map_err(io)?;
+    Ok(())
+}
 
+/// Asks for TLS (NBD_OPT_STARTTLS); on success the TLS handshake comes next.
+pub(crate) async fn start_tls<S>(stream: &mut S, address: &str) -> Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let io = |source| ClientError::Io { address: address.to_string(), source };
+    let mut out = BytesMut::new();
+    put_option(&mut out, opt::STARTTLS, &[]);
+    stream.write_all(&out).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
+    let (header, data) = option_reply(stream, address).await?;
+    if header.option != opt::STARTTLS {
+        return Err(ClientError::Protocol {
+            address: address.to_string(),
+            what: format!("reply to option {} where STARTTLS's was due", header.option),
+        });
+    }
+    if header.reply_type != rep::ACK {
+        return Err(ClientError::Refused {
+            address: address.to_string(),
+            option: "STARTTLS",
+            reply_type: header.reply_type,
+            message: String::from_utf8_lossy(&data).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Negotiates `export` (after [`greet`], and TLS if asked): structured replies, then GO.
+pub(crate) async fn negotiate<S>(stream: &mut S, export: &str, address: &str) -> Result<ExportDetails>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let io = |source| ClientError::Io { address: address.to_string(), source };
+    let protocol = |what: String| ClientError::Protocol { address: address.to_string(), what };
     let mut out = BytesMut::new();
     put_option(&mut out, opt::STRUCTURED_REPLY, &[]);
     put_option(&mut out, opt::GO, &go_option_data(export, &[info::BLOCK_SIZE]));

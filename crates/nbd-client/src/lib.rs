@@ -11,7 +11,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! - `address`: libnbd's URI syntax (`nbd://`, `nbd+unix://`).
+//! - `address`: libnbd's URI syntax (`nbd://`, `nbd+unix://`, `nbds://`, `nbds+unix://`);
+//!   `tls`: the client side of STARTTLS (rustls for X.509, OpenSSL for PSK).
 //! - `handshake`: fixed newstyle, structured replies, GO with block sizes ([`ExportDetails`]).
 //! - `client`: [`Client`], requests checked against the export and pipelined with bounded
 //!   bytes in flight; `replies`: the reader task, which checks every reply before using it.
@@ -25,8 +26,9 @@ mod client;
 mod error;
 mod handshake;
 mod replies;
+mod tls;
 
-pub use address::{DEFAULT_PORT, Endpoint, ExportAddress};
+pub use address::{DEFAULT_PORT, Endpoint, ExportAddress, TlsCredentialFiles, TlsSettings};
 pub use client::{Client, ClientConfig};
 pub use error::{ClientError, Result};
 pub use handshake::ExportDetails;

@@ -79,4 +79,9 @@ pub use memory_device::MemoryDevice;
 pub use request_source::RequestSource;
 pub use send_file::ReplySink;
 pub use tls::{Tls, TlsCredentials};
+
+/// The TLS credential files, as clients read them too (nbd-client's `nbds://`).
+pub mod tls_files {
+    pub use crate::tls::{load_private_key, read_psk_file};
+}
 pub use tokio_util::sync::CancellationToken;

@@ -118,8 +118,7 @@ impl TlsCredentials {
 
     /// Loads pre-shared keys from psktool's format: one `identity:hexkey` per line.
     pub fn from_psk_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| config_error(path, e))?;
-        let keys = parse_psk_file(&text).map_err(|e| config_error(path, e))?;
+        let keys = read_psk_file(path)?;
         let mut builder = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
             .map_err(|e| Error::Config(format!("TLS (OpenSSL): {e}")))?;
         builder.set_min_proto_version(Some(SslVersion::TLS1_2)).map_err(|e| Error::Config(format!("TLS: {e}")))?;
@@ -172,7 +171,7 @@ impl TlsCredentials {
 /// Reads a PEM private key of any kind OpenSSL reads, as PKCS#8 for rustls. (Read through
 /// OpenSSL because ring refuses the ECDSA keys certtool writes: GnuTLS pads the SEC1 scalar
 /// with a leading zero byte when its top bit is set.)
-fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+pub fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
     let pem = std::fs::read(path).map_err(|e| config_error(path, e))?;
     let pkcs8 = openssl::pkey::PKey::private_key_from_pem(&pem)
         .and_then(|key| key.private_key_to_pkcs8())
@@ -216,6 +215,12 @@ impl TlsCredentials {
             }
         }
     }
+}
+
+/// Reads a psktool key file: identity → key.
+pub fn read_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>> {
+    let text = std::fs::read_to_string(path).map_err(|e| config_error(path, e))?;
+    parse_psk_file(&text).map_err(|e| config_error(path, e))
 }
 
 /// Parses psktool's `identity:hexkey` lines (blank lines ignored).
