@@ -320,6 +320,8 @@ fn python(uri: &str, code: &str) {
     run_ok(Command::new(PYTHON).args(["-c", &script]));
 }
 
+/// A member server that restarts (same file, same port) or stalls for less than the member
+/// timeout: reconnected (both of its connections), nothing fails, nothing resyncs.
 #[test]
 fn a_member_server_that_restarts_within_the_member_timeout_is_reconnected() {
     require_tool("nbdkit", "nbdkit");
@@ -329,7 +331,8 @@ fn a_member_server_that_restarts_within_the_member_timeout_is_reconnected() {
     std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
     let port = free_port();
     let mut server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
-    let uri = format!("nbd://127.0.0.1:{port}/");
+    // Two connections (nbdkit file offers CAN_MULTI_CONN): both are replaced together.
+    let uri = format!("nbd://127.0.0.1:{port}/?connections=2");
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "local.img", &uri]));
     let metrics_port = free_port().to_string();
     let metrics = format!("127.0.0.1:{metrics_port}");
@@ -365,6 +368,7 @@ fn a_member_server_that_restarts_within_the_member_timeout_is_reconnected() {
     assert!(log.contains("reconnected"), "{log}");
     assert!(!log.contains("the member fails"), "{log}");
     assert!(!log.contains("re-added") && !log.contains("recovery starts"), "no resync: {log}");
+    assert!(!log.contains("CAN_MULTI_CONN"), "two connections were used: {log}");
     let detail: serde_json::Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "local.img", &uri]))).unwrap();
     assert_eq!((detail["clean"].clone(), detail["degraded"].clone()), (true.into(), false.into()), "{detail}");

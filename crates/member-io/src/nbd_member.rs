@@ -7,6 +7,10 @@
 //! writes when the export has no WRITE_ZEROES. FUA and FLUSH pass through; on an export
 //! without FUA a FUA write is a write and a FLUSH.
 //!
+//! With `?connections=N` and an export offering CAN_MULTI_CONN (its connections see one
+//! another's writes, and a FLUSH on one covers what completed on all), requests go round N
+//! connections; without CAN_MULTI_CONN one is used (with a warning).
+//!
 //! A network blip is not a failed member. A request whose connection drops, or that gets no
 //! answer for the member timeout (a server stopped or cut off), is re-sent on a new
 //! connection, reconnecting with backoff for up to the member timeout from the first failure
@@ -53,6 +57,8 @@ pub struct NbdMember {
     can_fua: bool,
     can_write_zeroes: bool,
     member_timeout: Duration,
+    /// Connections kept open.
+    connections: usize,
     connection: Mutex<Connection>,
     /// One reconnection at a time.
     reconnecting: tokio::sync::Mutex<()>,
@@ -70,9 +76,12 @@ struct Identity {
 
 const IDENTITY: std::ops::Range<u64> = SUPERBLOCK_BYTE_OFFSET..SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64;
 
-/// The current connection and what it holds that a new one could not vouch for.
+/// The current connections and what they hold that new ones could not vouch for.
 struct Connection {
-    client: Arc<Client>,
+    /// One, or `?connections=N` when the export has CAN_MULTI_CONN; replaced together.
+    clients: Vec<Arc<Client>>,
+    /// Requests go round the clients.
+    next: usize,
     generation: u64,
     /// Writes acknowledged without FUA, counted; `flushed`: how many of them a FLUSH covered.
     acked_writes: u64,
@@ -87,7 +96,8 @@ impl NbdMember {
     /// for this URI).
     pub async fn connect(uri: &str, member_timeout: Duration, link: Arc<LinkStats>) -> Result<Self> {
         let address = ExportAddress::parse(uri)?;
-        let client = Client::connect(&address, &client_config(member_timeout)).await?;
+        let config = client_config(member_timeout);
+        let client = Client::connect(&address, &config).await?;
         let d = *client.details();
         if d.min_block_bytes > 4096 {
             return Err(ClientError::Invalid {
@@ -107,6 +117,16 @@ impl NbdMember {
             "NBD member connected"
         );
         let identity = Identity { acked: read_identity(&client, d.size_bytes).await?, pending: None };
+        let connections = if address.connections > 1 && !d.can_multi_conn() {
+            warn!(
+                member = uri,
+                "the export does not offer CAN_MULTI_CONN: one connection instead of {}", address.connections
+            );
+            1
+        } else {
+            address.connections as usize
+        };
+        let clients = more_connections(&address, &config, client, connections).await?;
         link.set_state(LinkState::Connected);
         Ok(Self {
             identity: Mutex::new(identity),
@@ -119,8 +139,10 @@ impl NbdMember {
             can_fua: d.can_fua(),
             can_write_zeroes: d.can_write_zeroes(),
             member_timeout,
+            connections,
             connection: Mutex::new(Connection {
-                client: Arc::new(client),
+                clients,
+                next: 0,
                 generation: 0,
                 acked_writes: 0,
                 flushed_writes: 0,
@@ -133,7 +155,7 @@ impl NbdMember {
 
     /// Whether the export refuses writes.
     pub fn read_only(&self) -> bool {
-        self.lock().client.details().read_only()
+        self.lock().clients[0].details().read_only()
     }
 
     /// What the connection went through.
@@ -171,11 +193,13 @@ impl NbdMember {
                 LinkStats::count(&self.link.retries);
             }
             let (client, generation) = {
-                let c = self.lock();
+                let mut c = self.lock();
                 if let Some(why) = &c.failed {
                     return Err(io::Error::other(format!("{}: {why}", self.name)));
                 }
-                (c.client.clone(), c.generation)
+                let client = c.clients[c.next % c.clients.len()].clone();
+                c.next = c.next.wrapping_add(1);
+                (client, c.generation)
             };
             let why = match tokio::time::timeout(self.member_timeout, op(client.clone())).await {
                 Ok(Ok(value)) => return Ok(value),
@@ -214,15 +238,25 @@ impl NbdMember {
         let mut wait = BACKOFF_FIRST;
         let config = client_config(self.member_timeout);
         loop {
-            let attempt = Client::connect(&self.address, &config);
+            let attempt = async {
+                let first = Client::connect(&self.address, &config).await?;
+                if first.details().size_bytes != self.len_bytes {
+                    return Ok(vec![Arc::new(first)]); // refused below
+                }
+                more_connections(&self.address, &config, first, self.connections).await
+            };
             let outcome = tokio::time::timeout_at(deadline, attempt).await;
             match outcome {
-                Ok(Ok(client)) if client.details().size_bytes == self.len_bytes => {
-                    if let Err(failed) = self.same_member(&client).await {
+                Ok(Ok(clients)) if clients[0].details().size_bytes == self.len_bytes => {
+                    if let Err(failed) = self.same_member(&clients[0]).await {
                         return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
                     }
                     let mut c = self.lock();
-                    c.client = Arc::new(client);
+                    // Requests still waiting on the old connections are re-sent on the new.
+                    for old in &c.clients {
+                        old.abandon("replaced by a new connection");
+                    }
+                    c.clients = clients;
                     c.generation += 1;
                     c.acked_writes = 0;
                     c.flushed_writes = 0;
@@ -232,10 +266,10 @@ impl NbdMember {
                     info!(member = %self.name, reconnects = n, "NBD member reconnected; requests re-sent");
                     return Ok(());
                 }
-                Ok(Ok(client)) => {
+                Ok(Ok(clients)) => {
                     let failed = format!(
                         "the export came back with {} bytes instead of {}",
-                        client.details().size_bytes,
+                        clients[0].details().size_bytes,
                         self.len_bytes
                     );
                     return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
@@ -329,6 +363,20 @@ async fn read_identity(client: &Client, len_bytes: u64) -> std::result::Result<O
         return Ok(None);
     }
     Ok(Some(client.read(IDENTITY.start, SUPERBLOCK_BYTES as u32).await?))
+}
+
+/// `first` and `count - 1` more connections to `address` (all or none).
+async fn more_connections(
+    address: &ExportAddress,
+    config: &ClientConfig,
+    first: Client,
+    count: usize,
+) -> std::result::Result<Vec<Arc<Client>>, ClientError> {
+    let mut clients = vec![Arc::new(first)];
+    while clients.len() < count {
+        clients.push(Arc::new(Client::connect(address, config).await?));
+    }
+    Ok(clients)
 }
 
 fn client_config(member_timeout: Duration) -> ClientConfig {

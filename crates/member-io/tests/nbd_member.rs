@@ -10,7 +10,7 @@ use raid_core::conformance::{InFlight, MIN_MEMBER_BYTES, run_all};
 
 /// Serves nbdkit's memory plugin (with `filter` args before it and `params` after) on a Unix
 /// socket and runs the conformance suite over it.
-async fn conformance_over_nbdkit(filter: &[&str], params: &[&str]) {
+async fn conformance_over_nbdkit(filter: &[&str], params: &[&str], query: &str) {
     let found = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("nbdkit").is_file()));
     assert!(found, "nbdkit is required: apt-get install nbdkit");
     let dir = tempfile::tempdir().unwrap();
@@ -28,7 +28,7 @@ async fn conformance_over_nbdkit(filter: &[&str], params: &[&str]) {
         assert!(std::time::Instant::now() < deadline, "nbdkit did not start");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let uri = format!("nbd+unix:///?socket={}{query}", socket.display());
     let m = Arc::new(
         member_io::NbdMember::connect(&uri, std::time::Duration::from_secs(5), Default::default())
             .await
@@ -45,12 +45,32 @@ async fn conformance_over_nbdkit(filter: &[&str], params: &[&str]) {
 /// A member that is an NBD export: nbdkit's memory plugin over a Unix socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nbd_member_over_nbdkit() {
-    conformance_over_nbdkit(&[], &[]).await;
+    conformance_over_nbdkit(&[], &[], "").await;
 }
 
 /// An export with FLUSH but no FUA (nbdkit's fua filter; its default mode, none): FUA writes (every
 /// superblock and bitmap write) become a write and a FLUSH.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nbd_member_over_an_export_without_fua() {
-    conformance_over_nbdkit(&["--filter=fua"], &[]).await;
+    conformance_over_nbdkit(&["--filter=fua"], &[], "").await;
+}
+
+/// `?connections=4` on an export with CAN_MULTI_CONN (nbdkit memory): requests go round four
+/// connections (counted by nbdkit's log filter), and the suite passes over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbd_member_over_four_connections() {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let logfile = format!("logfile={}", log.path().display());
+    conformance_over_nbdkit(&["--filter=log"], &[&logfile], "&connections=4").await;
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    let connections = text.lines().filter(|l| l.contains("Connect ")).count();
+    assert_eq!(connections, 4, "{text}");
+    // Every connection carried requests.
+    let mut used = std::collections::BTreeSet::new();
+    for line in text.lines().filter(|l| l.contains("Write id=") || l.contains("Read id=")) {
+        if let Some(conn) = line.split_whitespace().find(|w| w.starts_with("connection=")) {
+            used.insert(conn.to_string());
+        }
+    }
+    assert_eq!(used.len(), 4, "requests on {used:?}");
 }

@@ -1,5 +1,6 @@
 //! Where an export is: libnbd's URI syntax, `nbd://HOST[:PORT]/EXPORT` (port 10809 by
-//! default; IPv6 hosts in brackets) and `nbd+unix:///EXPORT?socket=PATH`; with TLS,
+//! default; IPv6 hosts in brackets) and `nbd+unix:///EXPORT?socket=PATH`, either with
+//! `connections=N` (several connections, for exports with CAN_MULTI_CONN); with TLS,
 //! `nbds://` and `nbds+unix://` with `tls-certificates=DIR` (X.509: `ca-cert.pem`, and
 //! `client-cert.pem` + `client-key.pem` when the server wants a client certificate) or
 //! `tls-psk-file=FILE` (psktool's file; the identity is `tls-username=`, the URI's user, or
@@ -21,7 +22,13 @@ pub struct ExportAddress {
     pub export: String,
     /// `nbds://`: TLS is required, with these credentials.
     pub tls: Option<TlsSettings>,
+    /// `?connections=N`: how many connections a user of the address may open (1 to
+    /// [`MAX_CONNECTIONS`]; only worth it when the export has CAN_MULTI_CONN).
+    pub connections: u32,
 }
+
+/// Most connections `?connections=` asks for.
+pub const MAX_CONNECTIONS: u32 = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -67,9 +74,9 @@ impl ExportAddress {
         let pairs = query_pairs(query);
         let get = |key: &str| pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
         let known: &[&str] = if unix {
-            &["socket", "tls-certificates", "tls-psk-file", "tls-username", "tls-hostname"]
+            &["socket", "connections", "tls-certificates", "tls-psk-file", "tls-username", "tls-hostname"]
         } else {
-            &["tls-certificates", "tls-psk-file", "tls-username", "tls-hostname"]
+            &["connections", "tls-certificates", "tls-psk-file", "tls-username", "tls-hostname"]
         };
         if let Some((k, _)) = pairs.iter().find(|(k, _)| !known.contains(k)) {
             return Err(bad(&format!("unknown query parameter {k:?}")));
@@ -129,7 +136,15 @@ impl ExportAddress {
         } else {
             None
         };
-        Ok(Self { endpoint, export: export.to_string(), tls })
+        let connections = match get("connections") {
+            None => 1,
+            Some(n) => n
+                .parse()
+                .ok()
+                .filter(|n| (1..=MAX_CONNECTIONS).contains(n))
+                .ok_or_else(|| bad(&format!("connections= takes 1 to {MAX_CONNECTIONS}")))?,
+        };
+        Ok(Self { endpoint, export: export.to_string(), tls, connections })
     }
 }
 
@@ -188,6 +203,11 @@ mod tests {
         assert_eq!(tls.credentials, TlsCredentialFiles::Psk { file: "/k.psk".into(), username: "alice".into() });
         assert_eq!(tls.hostname, "localhost");
         assert_eq!(a.endpoint, Endpoint::Unix { socket: "/s".into() });
+        assert_eq!(ExportAddress::parse("nbd://h/x?connections=4").unwrap().connections, 4);
+        assert_eq!(ExportAddress::parse("nbd://h/x").unwrap().connections, 1);
+        for bad in ["nbd://h/x?connections=0", "nbd://h/x?connections=99", "nbd://h/x?connections=x"] {
+            assert!(ExportAddress::parse(bad).is_err(), "{bad}");
+        }
         assert!(ExportAddress::is_uri("nbd://h/x") && !ExportAddress::is_uri("/srv/m0.img"));
     }
 }

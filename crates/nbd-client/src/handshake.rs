@@ -40,6 +40,11 @@ impl ExportDetails {
     pub fn can_flush(&self) -> bool {
         self.can(tflags::SEND_FLUSH)
     }
+    /// CAN_MULTI_CONN: several connections see one another's writes, and a FLUSH on any
+    /// covers the writes completed on all.
+    pub fn can_multi_conn(&self) -> bool {
+        self.can(tflags::CAN_MULTI_CONN)
+    }
     /// FUA is advertised (a write with it is durable when answered).
     pub fn can_fua(&self) -> bool {
         self.can(tflags::SEND_FUA)

@@ -28,7 +28,7 @@ mod handshake;
 mod replies;
 mod tls;
 
-pub use address::{DEFAULT_PORT, Endpoint, ExportAddress, TlsCredentialFiles, TlsSettings};
+pub use address::{DEFAULT_PORT, Endpoint, ExportAddress, MAX_CONNECTIONS, TlsCredentialFiles, TlsSettings};
 pub use client::{Client, ClientConfig};
 pub use error::{ClientError, Result};
 pub use handshake::ExportDetails;
