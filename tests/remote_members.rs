@@ -389,7 +389,9 @@ fn a_member_server_that_stays_away_or_comes_back_different_fails_the_member() {
     let server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
     let uri = format!("nbd://127.0.0.1:{port}/");
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "a.img", &uri]));
-    let served = Served::start(d, "m", &["--member-timeout", "2"], &["a.img", &uri]);
+    let control = d.join("control.sock");
+    let served =
+        Served::start(d, "m", &["--member-timeout", "2", "--control", control.to_str().unwrap()], &["a.img", &uri]);
     python(&served.uri("m"), "h.pwrite(b'\\x31' * 65536, 0)\nh.flush()");
     signal(&server.children[0], libc::SIGSTOP);
     let started = Instant::now();
@@ -399,6 +401,13 @@ fn a_member_server_that_stays_away_or_comes_back_different_fails_the_member() {
     );
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(30), "failed after {waited:?}");
+    let status = ctl_status(d, &control);
+    assert_eq!(role_state(&status, &uri), "faulty", "{status:#}");
+    let link = &status["links"][0];
+    assert_eq!((link["member"].as_str(), link["state"].as_str()), (Some(uri.as_str()), Some("lost")), "{status:#}");
+    assert!(link["timeouts"].as_u64() >= Some(1), "the stalled request timed out: {status:#}");
+    let text = assert_ok(&raidnbd(d, &["ctl", "--socket", control.to_str().unwrap(), "status"]));
+    assert!(text.contains(&format!("link {uri}: lost")), "{text}");
     let log = served.stop();
     assert!(log.contains("not back within") && log.contains("the member fails"), "{log}");
     signal(&server.children[0], libc::SIGCONT);
