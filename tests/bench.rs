@@ -127,6 +127,41 @@ fn quick_bench_writes_parsable_plausible_results() {
     assert_eq!(left, vec![std::ffi::OsString::from("out")], "bench left files behind");
 }
 
+/// `--remote-members`: every member is an nbdkit file export reached over NBD; with an IOPS
+/// cap (delay filter) the RAID0 of two does about twice the random reads of one.
+#[test]
+fn remote_members_bench_builds_arrays_over_nbdkit_exports() {
+    require_tool("fio", "fio");
+    require_tool("nbdkit", "nbdkit");
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let output = Command::new(BIN)
+        .args(["bench", "--quick", "--remote-members", "--remote-iops", "400", "--levels", "single,0"])
+        .args(["--members", "2", "--size", "16M", "--runtime", "2s", "--ramp", "300ms"])
+        .args(["--workloads", "rnd4k-q32t1-read"])
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run raidnbd bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed ({:?}):\n{stderr}", output.status);
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert!(json["settings"]["member_location"].as_str().unwrap().contains("nbdkit"), "{}", json["settings"]);
+    let runs = json["runs"].as_array().expect("runs");
+    let single = runs.iter().find(|r| r["array"] == "single").unwrap();
+    let raid0 = runs.iter().find(|r| r["array"] == "raid0 2x64K").unwrap();
+    let iops = single["iops"].as_f64().unwrap();
+    // 4 threads x 10 ms = at most 400 requests/s per member.
+    assert!(iops > 200.0 && iops < 440.0, "one capped member: {iops} IOPS");
+    let ratio = raid0["ratio_vs_single"].as_f64().unwrap();
+    assert!(ratio > 1.6, "two capped members: {ratio}x one");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("out")], "bench left files or servers behind");
+}
+
 #[test]
 fn bench_refuses_bad_requests() {
     let dir = tempdir();

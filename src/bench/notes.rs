@@ -18,7 +18,18 @@ pub fn notes(plan: &Plan, workloads: &[Workload], runs: &[RunRecord]) -> Vec<Str
          member served the same way (same binary, flags and throttle; a one-member md linear array)."
             .to_string(),
     ];
-    if plan.throttled() {
+    if let Some(remote) = &plan.remote {
+        notes.push(format!(
+            "Remote members (`--remote-members`): each member is a file served by its own nbdkit on 127.0.0.1 and \
+             reached over NBD ({}). The delay filter holds each request for {:.1} ms on one of nbdkit's request \
+             threads, so a member answers at most threads ÷ delay requests per second; the rate filter meters the \
+             bytes of all its connections together. A large request pays the delay once, a throttled cloud volume \
+             counts it by size: these members favour large requests a little more than `--member-iops` does.",
+            remote.describe(),
+            remote.request_delay().as_secs_f64() * 1e3
+        ));
+    }
+    if plan.io.member_bw.is_some() || plan.io.member_iops.is_some() {
         let mut limits = Vec::new();
         if let Some(bw) = plan.io.member_bw {
             limits.push(format!("{}/s ({:.2} MB/s)", format_size(bw), bw as f64 / 1e6));

@@ -259,13 +259,6 @@ impl Plan {
             }),
         })
     }
-
-    /// Whether the members are throttled like cloud volumes.
-    pub fn throttled(&self) -> bool {
-        self.io.member_bw.is_some()
-            || self.io.member_iops.is_some()
-            || self.remote.is_some_and(|r| r.bytes_per_sec.is_some() || r.iops.is_some())
-    }
 }
 
 #[cfg(test)]

@@ -179,7 +179,7 @@ fn setup_lines(report: &BenchReport) -> Vec<String> {
         format_size(s.member_bytes),
         s.member_location,
         if throttle.is_empty() {
-            "not throttled".to_string()
+            "not throttled by raidnbd".to_string()
         } else {
             format!("each throttled to {}", throttle.join(" and "))
         },
