@@ -13,7 +13,7 @@ by `raidnbd serve` and measured with fio's nbd engine, rounds interleaved:
 Prints a table (median of ROUNDS, ratio to local) and writes it to OUT/results.md.
 
 Usage: deploy/bench/write-mostly.py [--raidnbd PATH] [--delay 2ms] [--rounds 3]
-       [--runtime 8] [--size 256M] [--out DIR]
+       [--runtime 8] [--size 256M] [--local-dir /var/tmp] [--out DIR]
 """
 
 import argparse
@@ -95,12 +95,13 @@ def main():
     p.add_argument("--runtime", type=int, default=8)
     p.add_argument("--size", default="256M")
     p.add_argument("--out", default="write-mostly-results")
+    p.add_argument("--local-dir", default="/var/tmp", help="where the local members and nbdkit's files go")
     a = p.parse_args()
     for tool in ("fio", "nbdkit"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is needed: apt install {tool}")
     raidnbd = os.path.abspath(a.raidnbd)
-    work = tempfile.mkdtemp(prefix="raidnbd-wm-", dir="/var/tmp")
+    work = tempfile.mkdtemp(prefix="raidnbd-wm-", dir=a.local_dir)
     peers = []
     try:
         files = {n: os.path.join(work, f"{n}.img") for n in
@@ -149,7 +150,7 @@ def main():
             "# RAID1 of a local member and a distant one",
             "",
             f"Distant member: `nbdkit file` with the delay filter, {a.delay} per read and write, on 127.0.0.1.",
-            f"Local member: a file in /var/tmp (O_DIRECT, io_uring). Members {a.size}; fio {a.runtime} s per run,",
+            f"Local member: a file in {a.local_dir}. Members {a.size}; fio {a.runtime} s per run,",
             f"1 s ramp; median of {a.rounds} rounds, arrays interleaved; MB/s and the ratio to `local`.",
             "",
             "Command: `deploy/bench/write-mostly.py " + " ".join(sys.argv[1:]) + "`",
