@@ -294,6 +294,11 @@ pub struct ServeArgs {
     /// not read) [default: 60].
     #[arg(long, value_name = "SECONDS")]
     pub stall_timeout: Option<u64>,
+    /// RAID4/5/6: a sequential write that ends inside a stripe may wait this many
+    /// microseconds for the writes that complete the stripe, which then go to the members as
+    /// one full-stripe write (no read-modify-write); 0 turns it off [default: 1000].
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub write_gather_us: Option<u64>,
     /// TLS: off, on (offered) or require (before anything else) [default: off].
     #[arg(long, value_enum, value_name = "MODE")]
     pub tls: Option<TlsMode>,

@@ -15,6 +15,7 @@
 //! handshake_timeout = 10   # seconds
 //! idle_timeout = 600       # seconds; default: never
 //! stall_timeout = 60       # seconds
+//! write_gather_us = 1000   # raid4/5/6: wait for the rest of a stripe; 0 = off
 //! tls = "require"          # off | on | require (per export: on | require)
 //! tls_certificates = "/etc/raidnbd/pki"   # server-cert.pem, server-key.pem, ca-cert.pem
 //! tls_verify_peer = true
@@ -60,6 +61,7 @@ pub struct ConfigFile {
     pub handshake_timeout: Option<u64>,
     pub idle_timeout: Option<u64>,
     pub stall_timeout: Option<u64>,
+    pub write_gather_us: Option<u64>,
     pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
@@ -303,7 +305,8 @@ mod tests {
     fn sample_value(key: &str) -> &'static str {
         match key {
             "read_only" | "force" | "require_all" | "buffered" | "tls_verify_peer" => "true",
-            "member_iops" | "member_timeout" | "handshake_timeout" | "idle_timeout" | "stall_timeout" => "5",
+            "member_iops" | "member_timeout" | "handshake_timeout" | "idle_timeout" | "stall_timeout"
+            | "write_gather_us" => "5",
             "listen" | "members" | "tls_peer" | "allow" => "[\"127.0.0.1:1\"]",
             "metrics" => "\"127.0.0.1:9\"",
             _ => "\"x\"",

@@ -304,6 +304,7 @@ fn status(export: &ControlledExport) -> Value {
         "recovery": tally(maintenance.recovery),
         "last_recovery": tally(maintenance.last_recovery),
         "links": links,
+        "gathered_writes": array.gathered_writes(),
         "resync_pending": maintenance.resync_pending,
         "mismatch_cnt": maintenance.mismatch_sectors,
         "last_check": maintenance.last_scrub.map(|(w, c)| json!({"kind": w.name(), "mismatch_cnt": c.mismatch_sectors})),

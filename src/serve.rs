@@ -67,6 +67,8 @@ struct Settings {
     control: Option<PathBuf>,
     metrics: Option<SocketAddr>,
     on_event: Option<String>,
+    /// Full-stripe gathering window for raid4/5/6 (zero: off).
+    write_gather: Duration,
     server: ServerConfig,
     tls: Option<nbd_server::Tls>,
     exports: Vec<ExportPlan>,
@@ -141,6 +143,9 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
         control: args.control.clone().or_else(|| file.control.clone()),
         metrics: args.metrics.or(file.metrics),
         on_event: args.on_event.clone().or_else(|| file.on_event.clone()),
+        write_gather: Duration::from_micros(
+            args.write_gather_us.or(file.write_gather_us).unwrap_or(DEFAULT_WRITE_GATHER_US).min(1_000_000),
+        ),
         server: {
             let defaults = ServerConfig::default();
             if args.handshake_timeout.or(file.handshake_timeout) == Some(0)
@@ -213,6 +218,10 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         let paths = plan.members.paths()?;
         let opened = open_array(&paths, &plan.options, settings.force, settings.require_all).await?;
         let read_only = plan.options.read_only || opened.forced_read_only;
+        if settings.cache == CacheMode::Writethrough {
+            // (The write-back cache gathers stripes itself.)
+            opened.array.enable_write_gathering(settings.write_gather, Arc::new(TokioTimer));
+        }
         let description = describe(&opened);
         let mut volume: Arc<dyn Volume> = opened.array.clone();
         let mut cache_text = "cache writethrough".to_string();
@@ -340,6 +349,18 @@ async fn join_servers(serving: &mut tokio::task::JoinSet<nbd_server::Result<()>>
         }
     }
     result
+}
+
+/// Default `--write-gather-us`: md's stripe cache holds a partial stripe about as long.
+const DEFAULT_WRITE_GATHER_US: u64 = 1000;
+
+/// tokio's sleep, for the engine's write gathering.
+struct TokioTimer;
+
+impl raid_core::engine::Timer for TokioTimer {
+    fn sleep(&self, duration: Duration) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep(duration))
+    }
 }
 
 /// Default `--cache-size`.

@@ -9,7 +9,7 @@ use crate::size::parse_size;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Workloads (for --workloads): dd-write, seq1m-q8t1-read, seq1m-q8t1-write, \
-                        seq1m-q1t1-read, seq1m-q1t1-write, rnd4k-q32t1-read, rnd4k-q32t1-write, \
+                        seq1m-q1t1-read, seq1m-q1t1-write, seq128k-q32t1-read, seq128k-q32t1-write, rnd4k-q32t1-read, rnd4k-q32t1-write, \
                         rnd4k-q1t1-read, rnd4k-q1t1-write, seq-fullstripe-write, sweep-randread-SIZE, \
                         sweep-randwrite-SIZE; a prefix ending before a dash selects several (rnd4k, \
                         seq1m-q8t1, sweep, sweep-randread).\n\n\
@@ -73,6 +73,10 @@ pub struct BenchArgs {
     /// (with the spread): for noisy or shared machines.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
+    /// Passed to `serve --write-gather-us` (raid4/5/6 full-stripe gathering; 0 = off)
+    /// [default: serve's].
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub write_gather_us: Option<u64>,
     /// Serve every member from its own nbdkit (file plugin on 127.0.0.1 TCP) and build the
     /// arrays over their nbd:// URIs: network RAID, members on "other hosts".
     #[arg(long)]

@@ -164,6 +164,7 @@ fn settings(plan: &Plan, workspace: &Workspace) -> Settings {
         caches: plan.caches.iter().map(|&c| cache_name(c)).collect(),
         cache_bytes: plan.cache_bytes,
         rounds: plan.rounds,
+        write_gather_us: plan.write_gather_us,
     }
 }
 
@@ -228,7 +229,7 @@ fn measure_array(
         check_interrupted()?;
         let cache_text = cache_name(cache);
         let log = workspace.root.join(format!("serve-{}-{cache_text}.log", array.id()));
-        match server::serve(&members.paths, cache, plan.cache_bytes, &plan.io, &log)? {
+        match server::serve(&members.paths, cache, plan.cache_bytes, &plan.io, plan.write_gather_us, &log)? {
             Served::Unavailable(reason) => {
                 eprintln!("{} {cache_text}: skipped: not available ({reason})", array.label());
                 let arrays_left = (plan.rounds - round) * plan.arrays.len() + plan.arrays.len() - array_index;

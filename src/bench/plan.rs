@@ -103,6 +103,7 @@ pub struct Plan {
     pub io: MemberIoArgs,
     /// Members served by nbdkit, reached over NBD.
     pub remote: Option<RemoteMembers>,
+    pub write_gather_us: Option<u64>,
 }
 
 /// How `--remote-members` members behave: nbdkit's rate and delay filters.
@@ -257,6 +258,7 @@ impl Plan {
                 iops: args.remote_iops,
                 delay: args.remote_delay,
             }),
+            write_gather_us: args.write_gather_us,
         })
     }
 }

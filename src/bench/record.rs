@@ -178,6 +178,8 @@ pub struct Settings {
     /// `serve --cache-size` for write-back runs (`None` = serve's default).
     pub cache_bytes: Option<u64>,
     pub rounds: usize,
+    /// `serve --write-gather-us` (`None`: serve's default).
+    pub write_gather_us: Option<u64>,
 }
 
 /// Everything, as written to results.json.

@@ -187,6 +187,14 @@ fn setup_lines(report: &BenchReport) -> Vec<String> {
         if s.buffered { ", buffered" } else { ", O_DIRECT where the filesystem allows" },
     ));
     lines.push(format!(
+        "- RAID4/5/6 full-stripe gathering: {}",
+        match s.write_gather_us {
+            None => "serve's default window".to_string(),
+            Some(0) => "off (--write-gather-us 0)".to_string(),
+            Some(us) => format!("{us} µs window"),
+        }
+    ));
+    lines.push(format!(
         "- Each run: {} s warm-up, then {} s measured (dd-style: no warm-up); {}",
         s.ramp_seconds,
         s.runtime_seconds,

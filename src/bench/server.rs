@@ -243,6 +243,7 @@ pub fn serve(
     cache: CacheMode,
     cache_bytes: Option<u64>,
     io: &MemberIoArgs,
+    write_gather_us: Option<u64>,
     log: &Path,
 ) -> Result<Served> {
     let port = free_port()?;
@@ -259,6 +260,9 @@ pub fn serve(
         args.extend(["--cache-size".into(), bytes.to_string()]);
     }
     args.extend(member_io_flags(io));
+    if let Some(us) = write_gather_us {
+        args.extend(["--write-gather-us".into(), us.to_string()]);
+    }
     args.extend(members.iter().cloned());
     let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     let child = Command::new(exe()?)

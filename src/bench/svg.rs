@@ -383,6 +383,7 @@ mod tests {
                 caches: vec!["writethrough".into()],
                 cache_bytes: None,
                 rounds: 1,
+                write_gather_us: None,
             },
             runs,
             samples: vec![],

@@ -114,6 +114,9 @@ pub fn all(sweep_bytes: &[u64]) -> Vec<Workload> {
         Workload::new("seq1m-q8t1-write", "SEQ1M Q8T1 write", Rw::Write, Block::Fixed(1 << 20), 8),
         Workload::new("seq1m-q1t1-read", "SEQ1M Q1T1 read", Rw::Read, Block::Fixed(1 << 20), 1),
         Workload::new("seq1m-q1t1-write", "SEQ1M Q1T1 write", Rw::Write, Block::Fixed(1 << 20), 1),
+        // What the Linux kernel client sends when streaming to /dev/nbd0.
+        Workload::new("seq128k-q32t1-read", "SEQ128K Q32T1 read", Rw::Read, Block::Fixed(128 << 10), 32),
+        Workload::new("seq128k-q32t1-write", "SEQ128K Q32T1 write", Rw::Write, Block::Fixed(128 << 10), 32),
         Workload::new("rnd4k-q32t1-read", "RND4K Q32T1 read", Rw::RandRead, Block::Fixed(4096), 32),
         Workload::new("rnd4k-q32t1-write", "RND4K Q32T1 write", Rw::RandWrite, Block::Fixed(4096), 32),
         Workload::new("rnd4k-q1t1-read", "RND4K Q1T1 read", Rw::RandRead, Block::Fixed(4096), 1),
@@ -184,7 +187,7 @@ mod tests {
     #[test]
     fn selects_by_id_and_prefix() {
         let all = all(&[4096, 1 << 20]);
-        assert_eq!(all.len(), 10 + 4);
+        assert_eq!(all.len(), 12 + 4);
         let picked = select(all.clone(), &["sweep-randread".into(), "dd-write".into()]).unwrap();
         let ids: Vec<&str> = picked.iter().map(|w| w.id.as_str()).collect();
         assert_eq!(ids, ["dd-write", "sweep-randread-4K", "sweep-randread-1M"]);

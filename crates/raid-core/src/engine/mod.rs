@@ -26,6 +26,7 @@
 //! - `flush` makes every completed write durable on every live member; a write with
 //!   `fua` is durable (data and parity) when it completes.
 
+mod gather;
 mod intent;
 mod io;
 mod lock_table;
@@ -47,6 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures::future::join_all;
 
+pub use gather::{MAX_GROUP_BYTES, Timer};
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
@@ -118,6 +120,8 @@ pub struct Array<M: Member + ?Sized> {
     read_only: AtomicBool,
     /// Writes in flight, and the stop that waits for them (quiesce.rs).
     quiesce: quiesce::Quiesce,
+    /// Full-stripe gathering of sequential writes (raid4/5/6, when enabled: gather.rs).
+    gather: std::sync::OnceLock<gather::Gather>,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -180,6 +184,7 @@ impl<M: Member + ?Sized> Array<M> {
             intent: None,
             read_only: AtomicBool::new(false),
             quiesce: quiesce::Quiesce::default(),
+            gather: std::sync::OnceLock::new(),
         })
     }
 
@@ -277,7 +282,44 @@ impl<M: Member + ?Sized> Array<M> {
         self.check_io(offset_bytes, data.len() as u64, true)?;
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
-        self.write_sectors(offset_bytes / SECTOR_BYTES, data, fua).await
+        let start = offset_bytes / SECTOR_BYTES;
+        if let (Some(gather), Some(pg)) = (self.gather.get(), self.geometry.parity()) {
+            let stripe_sectors = u64::from(pg.chunk_sectors()) * pg.data_disks() as u64;
+            let end = start + data.len() as u64 / SECTOR_BYTES;
+            match gather.arrive(start, end, data, fua, stripe_sectors) {
+                gather::Role::Alone => {
+                    let _executing = gather.executing();
+                    return self.write_sectors(start, data, fua).await;
+                }
+                gather::Role::Joined(result) => {
+                    if let Ok(result) = result.await {
+                        return result.map_err(|(kind, message)| gather::joined_error(kind, message));
+                    }
+                    // The leader went away before writing: write it here.
+                }
+                gather::Role::Lead(mut leader) => {
+                    let (first, all, any_fua) = leader.wait().await;
+                    let _executing = gather.executing();
+                    let result = self.write_sectors(first, &all, any_fua).await;
+                    leader.finish(&result);
+                    return result;
+                }
+            }
+        }
+        self.write_sectors(start, data, fua).await
+    }
+
+    /// Lets sequential partial-stripe writes of a raid4/5/6 wait up to `window` for the
+    /// writes that complete their stripe (gather.rs). No effect on other levels.
+    pub fn enable_write_gathering(&self, window: std::time::Duration, timer: std::sync::Arc<dyn Timer>) {
+        if self.geometry.parity().is_some() && !window.is_zero() {
+            let _ = self.gather.set(gather::Gather::new(window, timer));
+        }
+    }
+
+    /// Writes that joined another's full-stripe write so far.
+    pub fn gathered_writes(&self) -> u64 {
+        self.gather.get().map_or(0, |g| g.joined.load(Ordering::Relaxed))
     }
 
     /// Zeroes a range (any length). Whole stripes/chunks are zeroed on the members
