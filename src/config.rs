@@ -23,6 +23,7 @@
 //! allow = ["10.0.0.0/8", "::1"]
 //! io = "auto"              # auto | uring | threads | inline (also per export)
 //! member_bw = "20M"        # optional throttle per member, bytes/s (also per export)
+//! export_bw = "60M"        # optional throttle of all members together (also per export)
 //! member_iops = 200        # (also per export)
 //! member_timeout = 30      # NBD members: seconds of reconnecting before a member fails (also per export)
 //! buffered = false         # (also per export)
@@ -65,6 +66,7 @@ pub struct ConfigFile {
     pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
+    pub export_bw: Option<String>,
     pub member_iops: Option<u64>,
     pub member_timeout: Option<u64>,
     pub buffered: Option<bool>,
@@ -92,6 +94,7 @@ pub struct MemberKeys {
     pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
+    pub export_bw: Option<String>,
     pub member_iops: Option<u64>,
     pub member_timeout: Option<u64>,
     pub buffered: Option<bool>,
@@ -108,6 +111,7 @@ pub struct ExportConfig {
     pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
+    pub export_bw: Option<String>,
     pub member_iops: Option<u64>,
     pub member_timeout: Option<u64>,
     pub buffered: Option<bool>,
@@ -133,6 +137,7 @@ impl ExportConfig {
             read_only: self.read_only.or(file.read_only),
             io: self.io.clone().or_else(|| file.io.clone()),
             member_bw: self.member_bw.clone().or_else(|| file.member_bw.clone()),
+            export_bw: self.export_bw.clone().or_else(|| file.export_bw.clone()),
             member_iops: self.member_iops.or(file.member_iops),
             member_timeout: self.member_timeout.or(file.member_timeout),
             buffered: self.buffered.or(file.buffered),
@@ -190,6 +195,10 @@ impl MemberKeys {
 
     pub fn member_bw_bytes(&self) -> Result<Option<u64>> {
         self.member_bw.as_deref().map(parse_size).transpose().map_err(|e| anyhow::anyhow!("member_bw: {e}"))
+    }
+
+    pub fn export_bw_bytes(&self) -> Result<Option<u64>> {
+        self.export_bw.as_deref().map(parse_size).transpose().map_err(|e| anyhow::anyhow!("export_bw: {e}"))
     }
 }
 

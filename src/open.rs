@@ -58,6 +58,8 @@ pub struct MemberOpenOptions {
     pub metrics: Option<Arc<crate::metrics::ExportMetrics>>,
     /// Where NBD members count their reconnects and timeouts.
     pub links: LinkRegistry,
+    /// `--export-bw`: one bandwidth bucket for all of the export's members.
+    pub shared_throttle: Option<member_io::SharedThrottle>,
 }
 
 impl MemberOpenOptions {
@@ -76,6 +78,16 @@ impl MemberOpenOptions {
 
     fn throttle(&self) -> ThrottleConfig {
         ThrottleConfig { bytes_per_sec: self.io.member_bw, iops: self.io.member_iops, ..ThrottleConfig::default() }
+    }
+
+    /// Sets up `--export-bw`'s shared bucket (call once per export).
+    pub fn with_export_bw(mut self) -> Result<Self> {
+        if let Some(bw) = self.io.export_bw {
+            let config = ThrottleConfig { bytes_per_sec: Some(bw), ..ThrottleConfig::default() };
+            let throttle = Throttle::new(&config).context("--export-bw")?;
+            self.shared_throttle = Some(member_io::SharedThrottle(Arc::new(throttle)));
+        }
+        Ok(self)
     }
 }
 
@@ -104,6 +116,9 @@ pub async fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<
         let throttle = Throttle::new(&throttle).with_context(|| format!("cannot throttle member {path}"))?;
         let throttled = Throttled::new(member, throttle);
         member = Arc::new(throttled);
+    }
+    if let Some(shared) = &options.shared_throttle {
+        member = Arc::new(raid_core::decorator::Decorated::<_, member_io::SharedThrottle>::new(member, shared.clone()));
     }
     if let Some(registry) = &options.faults {
         let control = FaultControl::new();

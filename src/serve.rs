@@ -86,18 +86,20 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
     };
     let faults = args.fault_injection.then(FaultRegistry::default);
     let member_options = |keys: &config::MemberKeys| -> Result<MemberOpenOptions> {
-        Ok(MemberOpenOptions {
+        MemberOpenOptions {
             io: MemberIoArgs {
                 io: args.io.io.or(keys.io_engine()?),
                 member_bw: args.io.member_bw.or(keys.member_bw_bytes()?),
                 member_iops: args.io.member_iops.or(keys.member_iops),
+                export_bw: args.io.export_bw.or(keys.export_bw_bytes()?),
                 member_timeout: args.io.member_timeout.or(keys.member_timeout),
                 buffered: args.io.buffered || keys.buffered.unwrap_or(false),
             },
             read_only: args.read_only || keys.read_only.unwrap_or(false),
             faults: faults.clone(),
             ..MemberOpenOptions::default()
-        })
+        }
+        .with_export_bw()
     };
     let exports = if args.config.is_some() {
         let mut out = Vec::new();

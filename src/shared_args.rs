@@ -41,6 +41,10 @@ pub struct MemberIoArgs {
     /// Throttle each member to this many I/O operations per second (e.g. 200).
     #[arg(long, value_name = "N")]
     pub member_iops: Option<u64>,
+    /// Throttle all members of an export together to this bandwidth, bytes/s: the host's own
+    /// link to its volumes, which striping cannot widen.
+    #[arg(long, value_parser = parse_size, value_name = "RATE")]
+    pub export_bw: Option<u64>,
     /// Open members with buffered I/O instead of O_DIRECT.
     #[arg(long)]
     pub buffered: bool,

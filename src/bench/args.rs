@@ -11,11 +11,16 @@ use crate::size::parse_size;
 #[command(after_help = "Workloads (for --workloads): dd-write, seq1m-q8t1-read, seq1m-q8t1-write, \
                         seq1m-q1t1-read, seq1m-q1t1-write, seq128k-q32t1-read, seq128k-q32t1-write, rnd4k-q32t1-read, rnd4k-q32t1-write, \
                         rnd4k-q1t1-read, rnd4k-q1t1-write, seq-fullstripe-write, sweep-randread-SIZE, \
-                        sweep-randwrite-SIZE; a prefix ending before a dash selects several (rnd4k, \
+                        sweep-randwrite-SIZE, sweep-read-SIZE, sweep-write-SIZE (sequential); a prefix ending before a dash selects several (rnd4k, \
                         seq1m-q8t1, sweep, sweep-randread).\n\n\
                         Example (cloud-volume emulation): raidnbd bench --member-bw 20M --member-iops 200 \\\n\
                         \x20   --levels single,0,5,6,10 --members 4 --chunks 64K --out bench-results")]
 pub struct BenchArgs {
+    /// Rebuild a published experiment and print our ratio beside the published one:
+    /// cloud-dd-raid0, cloud-ssd-raid0, howto-chunks, raid1-write-cache (sets the levels,
+    /// members, chunks, cache modes, throttles and workloads).
+    #[arg(long, value_name = "NAME")]
+    pub preset: Option<String>,
     /// Arrays to measure: single (one member served the same way: the baseline for ratios),
     /// linear, 0, 1, 4, 5, 6, 10.
     #[arg(long, value_delimiter = ',', default_value = "single,0,5,6,10")]

@@ -20,6 +20,7 @@ mod duration;
 mod fio;
 mod notes;
 mod plan;
+mod preset;
 mod progress;
 mod record;
 mod report;
@@ -49,8 +50,20 @@ use workloads::{Rw, Workload};
 /// Set by Ctrl-C / SIGTERM; checked between and during runs.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-pub async fn run(args: BenchArgs) -> Result<()> {
-    let plan = Plan::from_args(&args)?;
+pub async fn run(mut args: BenchArgs) -> Result<()> {
+    let preset = match args.preset.as_deref() {
+        Some(name) => {
+            let names: Vec<&str> = preset::PRESETS.iter().map(|p| p.name).collect();
+            let p = preset::find(name)
+                .ok_or_else(|| anyhow::anyhow!("unknown --preset {name:?}: use {}", names.join(", ")))?;
+            p.apply(&mut args);
+            eprintln!("raidnbd bench: preset {}: {}", p.name, p.about);
+            Some(p)
+        }
+        None => None,
+    };
+    let mut plan = Plan::from_args(&args)?;
+    plan.preset = preset;
     let command = command_line();
     tokio::spawn(async {
         use tokio::signal::unix::{SignalKind, signal};
@@ -133,11 +146,16 @@ fn run_blocking(plan: &Plan, command: String) -> Result<()> {
         machine,
         settings: settings(plan, &workspace),
         notes: notes::notes(plan, &workloads, &records),
+        published: plan.preset.map(|p| p.compare(&records)).unwrap_or_default(),
+        preset: plan.preset.map(|p| format!("{}: {}", p.name, p.about)),
         runs: records,
         samples,
     };
     if !report.runs.is_empty() {
         write_outputs(&plan.out, &report)?;
+    }
+    for c in &report.published {
+        eprintln!("  {} · {}: published {}, ours {}", c.experiment, c.measure, c.published, c.ours);
     }
     outcome?;
     eprintln!("raidnbd bench: done");

@@ -104,6 +104,7 @@ pub struct Plan {
     /// Members served by nbdkit, reached over NBD.
     pub remote: Option<RemoteMembers>,
     pub write_gather_us: Option<u64>,
+    pub preset: Option<&'static super::preset::Preset>,
 }
 
 /// How `--remote-members` members behave: nbdkit's rate and delay filters.
@@ -259,6 +260,7 @@ impl Plan {
                 delay: args.remote_delay,
             }),
             write_gather_us: args.write_gather_us,
+            preset: None,
         })
     }
 }

@@ -193,6 +193,9 @@ pub struct BenchReport {
     pub finished_unix: u64,
     pub machine: Machine,
     pub settings: Settings,
+    /// `--preset`: what it rebuilds, and the published numbers beside ours.
+    pub preset: Option<String>,
+    pub published: Vec<super::preset::Comparison>,
     /// One row per (array, cache mode, workload); the median run with `--rounds`.
     pub runs: Vec<RunRecord>,
     /// Every round's runs when `--rounds` > 1 (empty otherwise).

@@ -58,6 +58,14 @@ pub fn markdown(report: &BenchReport) -> String {
     let _ = writeln!(md, "# raidnbd bench\n");
     let _ = writeln!(md, "Command: `{}`\n", report.command);
     let _ = writeln!(md, "{}\n", setup_lines(report).join("\n"));
+    if let Some(preset) = &report.preset {
+        let _ = writeln!(md, "## Published vs ours\n\nPreset {preset}.\n");
+        let _ = writeln!(md, "| Experiment | Measure | Published | Ours | Why they differ |\n|---|---|---|---|---|");
+        for c in &report.published {
+            let _ = writeln!(md, "| {} | {} | {} | {} | {} |", c.experiment, c.measure, c.published, c.ours, c.note);
+        }
+        let _ = writeln!(md);
+    }
     let _ = writeln!(md, "![MB/s per workload](results.svg)\n\n![Ratio to a single member](results-ratio.svg)\n");
     let arrays = distinct(runs, |r| &r.array);
     let workloads = distinct(runs, |r| &r.workload);

@@ -231,6 +231,9 @@ pub fn member_io_flags(io: &MemberIoArgs) -> Vec<String> {
     if let Some(iops) = io.member_iops {
         flags.extend(["--member-iops".into(), iops.to_string()]);
     }
+    if let Some(bw) = io.export_bw {
+        flags.extend(["--export-bw".into(), bw.to_string()]);
+    }
     if io.buffered {
         flags.push("--buffered".into());
     }
@@ -365,6 +368,7 @@ mod tests {
             io: Some(IoEngine::Auto),
             member_bw: Some(20 << 20),
             member_iops: Some(200),
+            export_bw: None,
             buffered: false,
             member_timeout: None,
         };

@@ -367,6 +367,8 @@ mod tests {
             tool: "raidnbd bench".into(),
             version: "0".into(),
             command: "raidnbd bench".into(),
+            preset: None,
+            published: Vec::new(),
             started_unix: 0,
             finished_unix: 0,
             machine: Machine::probe("fio-3.33".into()),

@@ -123,7 +123,7 @@ pub fn all(sweep_bytes: &[u64]) -> Vec<Workload> {
         Workload::new("rnd4k-q1t1-write", "RND4K Q1T1 write", Rw::RandWrite, Block::Fixed(4096), 1),
         Workload::new("seq-fullstripe-write", "SEQ full-stripe write Q8T1", Rw::Write, Block::FullStripe, 8),
     ];
-    for rw in [Rw::RandRead, Rw::RandWrite] {
+    for rw in [Rw::RandRead, Rw::RandWrite, Rw::Read, Rw::Write] {
         for &bs in sweep_bytes {
             let size = format_size(bs);
             list.push(Workload::new(
@@ -187,7 +187,7 @@ mod tests {
     #[test]
     fn selects_by_id_and_prefix() {
         let all = all(&[4096, 1 << 20]);
-        assert_eq!(all.len(), 12 + 4);
+        assert_eq!(all.len(), 12 + 8);
         let picked = select(all.clone(), &["sweep-randread".into(), "dd-write".into()]).unwrap();
         let ids: Vec<&str> = picked.iter().map(|w| w.id.as_str()).collect();
         assert_eq!(ids, ["dd-write", "sweep-randread-4K", "sweep-randread-1M"]);

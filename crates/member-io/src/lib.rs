@@ -51,5 +51,5 @@ pub use member_file::create_sparse_file;
 pub use nbd_member::NbdMember;
 pub use options::{DirectMode, EngineKind, IO_ENGINE_ENV, IoEngine, OpenOptions};
 pub use probe::{UringUnavailable, uring_probe};
-pub use throttle::{DEFAULT_BURST, IOPS_UNIT_BYTES, Throttle, ThrottleConfig, Throttled, io_cost};
+pub use throttle::{DEFAULT_BURST, IOPS_UNIT_BYTES, SharedThrottle, Throttle, ThrottleConfig, Throttled, io_cost};
 pub use uring::driver::{UringConfig, UringDriver};

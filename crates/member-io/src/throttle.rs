@@ -144,6 +144,17 @@ impl Decoration for Throttle {
     }
 }
 
+/// One [`Throttle`] shared by several members (all of an export's members behind one
+/// host link).
+#[derive(Clone)]
+pub struct SharedThrottle(pub std::sync::Arc<Throttle>);
+
+impl Decoration for SharedThrottle {
+    fn gate(&self, op: MemberOp) -> Gate<'_> {
+        self.0.gate(op)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,6 +120,30 @@ fn writes_arriving_out_of_order_gather_too() {
     rig.assert_consistent();
 }
 
+/// Every other write first, then the ones between: separate groups form, and each gap
+/// that fills merges its two neighbours into one group.
+#[test]
+fn groups_merge_when_the_write_between_them_arrives() {
+    let mut rig = raid(Level::Raid5);
+    sequential(&mut rig, 0, 8192, 1, 1, 0);
+    let start = 3 * 24576u64;
+    let count = 3 * 20;
+    let datas: Vec<Vec<u8>> = (0..count).map(|i| vec![0x80 ^ i as u8; 8192]).collect();
+    let order: Vec<usize> = (0..count).step_by(2).chain((1..count).step_by(2)).collect();
+    rig.apply(&Op::Write { offset: start - 8192, len: 8192, seed: 5 });
+    let before = reads(&rig);
+    let array = &rig.array;
+    for r in block_on(join_all(order.iter().map(|&i| array.write(start + i as u64 * 8192, &datas[i], i % 7 == 0)))) {
+        r.unwrap();
+    }
+    for (i, d) in datas.iter().enumerate() {
+        let at = start as usize + i * 8192;
+        rig.model[at..at + 8192].copy_from_slice(d);
+    }
+    assert!(reads(&rig) - before <= 8, "{} member reads: groups did not merge", reads(&rig) - before);
+    rig.assert_consistent();
+}
+
 #[test]
 fn without_gathering_the_same_writes_read_modify_write() {
     let config = Config {

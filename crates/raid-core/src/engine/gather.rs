@@ -10,12 +10,13 @@
 //!   part asked for it); FLUSH covers what was acknowledged before it, as always.
 //! - A group grows at both ends (requests are dispatched in parallel, so the write that
 //!   comes next on the wire may arrive first). It waits a window at a time: it goes as soon
-//!   as it covers whole stripes, after one window when no other write is on the members
-//!   (nothing is coming soon: a client at queue depth 1), and after [`BUSY_WINDOWS`] windows
-//!   at most while other writes are (the members are busy anyway, and the writes that
-//!   complete the stripe come when those finish: md's stripe cache likewise delays stripes
-//!   that need pre-reads while the array has other work). A group is bounded by
-//!   [`MAX_GROUP_BYTES`]. Only writes next to a recent write (one ended where it
+//!   as it covers whole stripes and at least [`MERGE_TARGET_BYTES`] (so that small stripes
+//!   still make large member writes: a cloud volume counts I/Os), after a window in which no
+//!   write was on the members and none finished (nothing is coming soon: a client at queue
+//!   depth 1), and after [`BUSY_WINDOWS`] windows at most while writes are busy (the
+//!   members are busy anyway, and the writes that complete the stripe come when those
+//!   finish: md's stripe cache likewise delays stripes that need pre-reads while the array
+//!   has other work). A group is bounded by [`MAX_GROUP_BYTES`]. Only writes next to a recent write (one ended where it
 //!   starts, or started where it ends) wait, so random writes never do; and after
 //!   [`MISS_LIMIT`] waits in a row that nobody joined (a stream at queue depth 1), only one
 //!   in [`PROBE_EVERY`] waits until a wait is joined again.
@@ -43,10 +44,15 @@ pub trait Timer: Send + Sync {
 }
 
 /// While other writes are on the members, a group waits at most this many windows.
-pub const BUSY_WINDOWS: u32 = 32;
+pub const BUSY_WINDOWS: u32 = 128;
+
+/// A group of whole stripes goes once it holds this much (or one stripe, if larger).
+pub const MERGE_TARGET_BYTES: usize = 1 << 20;
 
 /// A group closes at this many bytes even if it ends inside a stripe.
 pub const MAX_GROUP_BYTES: usize = 16 << 20;
+/// A write this many of its lengths from a recent one counts as part of a stream.
+const NEAR_LENGTHS: u64 = 8;
 /// This many recent writes are remembered (to tell streams from random writes).
 const RECENT_WRITES: usize = 64;
 /// After this many unjoined waits in a row, waiting becomes a probe.
@@ -62,16 +68,18 @@ pub(crate) struct Gather {
     skipped: AtomicU64,
     /// Writes that joined a group (for tests and status).
     pub joined: AtomicU64,
-    /// Writes (alone, or a group's combined one) on the members now.
+    /// Writes (alone, or a group's combined one) on the members now, and finished so far.
     executing: AtomicU64,
+    finished: AtomicU64,
 }
 
 /// Counts a write on the members while it lives.
-pub(crate) struct Executing<'a>(&'a AtomicU64);
+pub(crate) struct Executing<'a>(&'a Gather);
 
 impl Drop for Executing<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.executing.fetch_sub(1, Ordering::Relaxed);
+        self.0.finished.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -109,9 +117,24 @@ struct GroupState {
     bytes: usize,
     fua: bool,
     joiners: Vec<oneshot::Sender<JoinResult>>,
-    /// Told when the group covers whole stripes (or reached its size limit).
-    full: Option<oneshot::Sender<()>>,
+    /// Tells the leader to go (the group is full) or that its group was merged into the one
+    /// before it.
+    full: Option<oneshot::Sender<Signal>>,
     closed: bool,
+}
+
+enum Signal {
+    Full,
+    /// Merged into another group: wait for its leader's result, like a joiner.
+    Merged(oneshot::Receiver<JoinResult>),
+}
+
+/// What a leader does after waiting.
+pub(crate) enum Outcome {
+    /// Write `data` at sector `first` (FUA if any part asked), then [`Leader::finish`].
+    Go { first: u64, data: Vec<u8>, fua: bool },
+    /// Its group was merged into another: the result comes from that group's leader.
+    Merged(oneshot::Receiver<JoinResult>),
 }
 
 /// What a write should do.
@@ -129,7 +152,32 @@ pub(crate) enum Role<'a> {
 pub(crate) struct Leader<'a> {
     gather: &'a Gather,
     group: Option<Arc<Group>>,
-    full: Option<oneshot::Receiver<()>>,
+    full: Option<oneshot::Receiver<Signal>>,
+}
+
+/// Moves `right` (which starts where `left` ends) into `left`; `right`'s leader becomes a
+/// joiner of `left`. The caller holds the `inner` lock.
+fn merge(inner: &mut Inner, left: &Arc<Group>, right: &Arc<Group>) {
+    let mut l = lock(&left.state);
+    let mut r = lock(&right.state);
+    debug_assert_eq!(l.end_sector, r.start_sector);
+    let (l_end, r_start, r_end) = (l.end_sector, r.start_sector, r.end_sector);
+    l.pieces.extend(std::mem::take(&mut r.pieces));
+    l.end_sector = r_end;
+    l.bytes += std::mem::take(&mut r.bytes);
+    l.fua |= r.fua;
+    l.joiners.append(&mut r.joiners);
+    let (tx, rx) = oneshot::channel();
+    l.joiners.push(tx);
+    r.closed = true;
+    if let Some(full) = r.full.take() {
+        let _ = full.send(Signal::Merged(rx));
+    }
+    drop((l, r));
+    inner.unlink(right, r_start, r_end);
+    if inner.by_end.get(&l_end).is_some_and(|g| Arc::ptr_eq(g, left)) {
+        inner.by_end.remove(&l_end);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -146,63 +194,90 @@ impl Gather {
             skipped: AtomicU64::new(0),
             joined: AtomicU64::new(0),
             executing: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
         }
     }
 
     /// Marks a write as on the members until the guard drops.
     pub fn executing(&self) -> Executing<'_> {
         self.executing.fetch_add(1, Ordering::Relaxed);
-        Executing(&self.executing)
+        Executing(self)
     }
 
     /// Decides for a write of `data` at `[start, end)` sectors; `stripe_sectors` is the data
     /// of one stripe.
     pub fn arrive(&self, start: u64, end: u64, data: &[u8], fua: bool, stripe_sectors: u64) -> Role<'_> {
         let mut inner = lock(&self.inner);
-        let sequential = inner.recent.iter().any(|&(s, e)| e == start || s == end);
+        // Near a recent write (within a few of its own lengths: requests dispatched in
+        // parallel arrive a little out of order).
+        let reach = (end - start) * NEAR_LENGTHS;
+        let sequential = inner.recent.iter().any(|&(s, e)| e + reach >= start && end + reach >= s);
         if inner.recent.len() == RECENT_WRITES {
             inner.recent.pop_front();
         }
         inner.recent.push_back((start, end));
         let whole = |s: u64, e: u64| s.is_multiple_of(stripe_sectors) && e.is_multiple_of(stripe_sectors);
+        let target = MERGE_TARGET_BYTES.max((stripe_sectors * crate::SECTOR_BYTES) as usize).min(MAX_GROUP_BYTES);
+        // A group that starts inside a stripe (its head went on alone) goes once it also holds
+        // a whole stripe: the next group then starts on a stripe boundary again.
+        let realigns = |s: u64, e: u64| e.is_multiple_of(stripe_sectors) && s.next_multiple_of(stripe_sectors) < e;
+        let full = |s: u64, e: u64, bytes: usize| {
+            (whole(s, e) && bytes >= target) || (!whole(s, e) && realigns(s, e)) || bytes >= MAX_GROUP_BYTES
+        };
         let (group, at_end) = match inner.by_end.remove(&start) {
             Some(g) => (Some(g), true),
             None => (inner.by_start.remove(&end), false),
         };
         if let Some(group) = group {
-            let mut g = lock(&group.state);
-            debug_assert!(!g.closed);
             let (tx, rx) = oneshot::channel();
-            if at_end {
-                g.pieces.push_back(data.to_vec());
-                g.end_sector = end;
-            } else {
-                g.pieces.push_front(data.to_vec());
-                g.start_sector = start;
+            {
+                let mut g = lock(&group.state);
+                debug_assert!(!g.closed);
+                if at_end {
+                    g.pieces.push_back(data.to_vec());
+                    g.end_sector = end;
+                } else {
+                    g.pieces.push_front(data.to_vec());
+                    g.start_sector = start;
+                }
+                g.bytes += data.len();
+                g.fua |= fua;
+                g.joiners.push(tx);
             }
-            g.bytes += data.len();
-            g.fua |= fua;
-            g.joiners.push(tx);
+            // The write may have closed the gap to the next (or previous) group: one group.
+            let (left, right) = if at_end {
+                let end = lock(&group.state).end_sector;
+                (Some(group.clone()), inner.by_start.get(&end).filter(|g| !Arc::ptr_eq(g, &group)).cloned())
+            } else {
+                let start = lock(&group.state).start_sector;
+                (inner.by_end.get(&start).filter(|g| !Arc::ptr_eq(g, &group)).cloned(), Some(group.clone()))
+            };
+            let group = match (left, right) {
+                (Some(left), Some(right)) => {
+                    merge(&mut inner, &left, &right);
+                    left
+                }
+                (Some(g), None) | (None, Some(g)) => g,
+                (None, None) => unreachable!("the joined group is one side"),
+            };
+            let mut g = lock(&group.state);
             let (s, e) = (g.start_sector, g.end_sector);
-            if whole(s, e) || g.bytes >= MAX_GROUP_BYTES {
+            if full(s, e, g.bytes) {
                 if let Some(full) = g.full.take() {
-                    let _ = full.send(());
+                    let _ = full.send(Signal::Full);
                 }
                 drop(g);
                 inner.unlink(&group, s, e);
             } else {
                 drop(g);
-                if at_end {
-                    inner.by_end.insert(e, group);
-                } else {
-                    inner.by_start.insert(s, group);
-                }
+                inner.by_end.insert(e, group.clone());
+                inner.by_start.insert(s, group);
             }
             self.joined.fetch_add(1, Ordering::Relaxed);
             self.misses.store(0, Ordering::Relaxed);
             return Role::Joined(rx);
         }
-        if !sequential || whole(start, end) || data.len() >= MAX_GROUP_BYTES {
+        if !sequential || full(start, end, data.len()) {
             return Role::Alone;
         }
         if self.misses.load(Ordering::Relaxed) >= MISS_LIMIT
@@ -233,19 +308,33 @@ impl Leader<'_> {
     /// Waits until the group is full or the window passed, then closes it (no more joins)
     /// and returns what to write: the first sector, every part's data in order, and whether
     /// any part asked for FUA.
-    pub async fn wait(&mut self) -> (u64, Vec<u8>, bool) {
+    pub async fn wait(&mut self) -> Outcome {
         let mut full = self.full.take().expect("waited once");
+        let mut finished = self.gather.finished.load(Ordering::Relaxed);
         for _ in 0..BUSY_WINDOWS {
             let sleep = self.gather.timer.sleep(self.gather.window);
-            match futures::future::select(full, sleep).await {
+            match futures::future::select(&mut full, sleep).await {
+                futures::future::Either::Left((Ok(Signal::Merged(result)), _)) => {
+                    self.group = None; // its parts and joiners are the other group's now
+                    return Outcome::Merged(result);
+                }
                 futures::future::Either::Left(_) => break,
-                futures::future::Either::Right((_, pending)) => full = pending,
+                futures::future::Either::Right(_) => {}
             }
-            if self.gather.executing.load(Ordering::Relaxed) == 0 {
+            // Busy: writes on the members, or some finished (their clients send the next).
+            let now = self.gather.finished.load(Ordering::Relaxed);
+            let busy = self.gather.executing.load(Ordering::Relaxed) > 0 || now != finished;
+            finished = now;
+            if !busy {
                 break;
             }
         }
         let joined = self.close();
+        // Closed now (under the lock merges take): if a merge came first, its signal is here.
+        if let Ok(Some(Signal::Merged(result))) = full.try_recv() {
+            self.group = None; // its parts and joiners are the other group's now
+            return Outcome::Merged(result);
+        }
         if !joined {
             self.gather.misses.fetch_add(1, Ordering::Relaxed);
         }
@@ -256,7 +345,7 @@ impl Leader<'_> {
             data.extend_from_slice(&piece);
         }
         debug_assert_eq!(data.len() as u64, (g.end_sector - g.start_sector) * crate::SECTOR_BYTES);
-        (g.start_sector, data, g.fua)
+        Outcome::Go { first: g.start_sector, data, fua: g.fua }
     }
 
     /// Closes the group; returns whether anyone joined.

@@ -297,13 +297,20 @@ impl<M: Member + ?Sized> Array<M> {
                     }
                     // The leader went away before writing: write it here.
                 }
-                gather::Role::Lead(mut leader) => {
-                    let (first, all, any_fua) = leader.wait().await;
-                    let _executing = gather.executing();
-                    let result = self.write_sectors(first, &all, any_fua).await;
-                    leader.finish(&result);
-                    return result;
-                }
+                gather::Role::Lead(mut leader) => match leader.wait().await {
+                    gather::Outcome::Go { first, data: all, fua: any_fua } => {
+                        let _executing = gather.executing();
+                        let result = self.write_sectors(first, &all, any_fua).await;
+                        leader.finish(&result);
+                        return result;
+                    }
+                    gather::Outcome::Merged(result) => {
+                        if let Ok(result) = result.await {
+                            return result.map_err(|(kind, message)| gather::joined_error(kind, message));
+                        }
+                        // The other leader went away before writing: write it here.
+                    }
+                },
             }
         }
         self.write_sectors(start, data, fua).await

@@ -1,0 +1,246 @@
+//! `raidnbd bench --preset NAME`: the published experiments this project grew from, each
+//! rebuilt with members that behave like the volumes in it, measured the same kind of way,
+//! and printed with our ratio beside the published one.
+//!
+//! A preset sets the levels, members, chunks, cache modes, throttles and workloads; `--size`,
+//! `--runtime`, `--ramp`, `--rounds`, `--dir` and `--out` still apply.
+
+use serde::Serialize;
+
+use super::args::BenchArgs;
+use super::record::{RunRecord, Status};
+use crate::shared_args::CacheMode;
+
+/// One published number (or finding) and ours.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub experiment: String,
+    pub measure: String,
+    pub published: String,
+    pub ours: String,
+    /// Why they differ, where they do.
+    pub note: String,
+}
+
+pub struct Preset {
+    pub name: &'static str,
+    pub about: &'static str,
+    apply: fn(&mut BenchArgs),
+    compare: fn(&[RunRecord]) -> Vec<Comparison>,
+}
+
+pub const PRESETS: [Preset; 4] = [
+    Preset {
+        name: "cloud-dd-raid0",
+        about: "RAID0 of two block volumes (27.2 MB/s each), dd of 1 MiB blocks: 27.2 MB/s one, 52.7 MB/s striped (1.94x)",
+        apply: |a| {
+            set(a, &["single", "0"], 2, 512 << 10, &["dd-write"]);
+            a.io.member_bw = Some(27_200_000);
+        },
+        compare: |runs| {
+            vec![ratio_row(
+                runs,
+                "two 27.2 MB/s volumes striped, dd bs=1M",
+                "dd-write",
+                "raid0",
+                1.94,
+                "dd's 1 MiB writes split into two 512K chunk writes that run at once; the published \
+                 run went through a filesystem and lost a little to it",
+            )]
+        },
+    },
+    Preset {
+        name: "cloud-ssd-raid0",
+        about: "RAID0 of two 300-IOPS SSD volumes, CrystalDiskMark style: RND4K Q32T1 about 2x, SEQ1M about 1x \
+                (the instance's link to its volumes, here --export-bw, was the limit)",
+        apply: |a| {
+            set(a, &["single", "0"], 2, 512 << 10, &["seq1m-q8t1", "rnd4k-q32t1"]);
+            a.io.member_iops = Some(300);
+            // 300 IOPS of 256 KiB: 75 MiB/s per volume; the instance link carries the same.
+            a.io.export_bw = Some(75 << 20);
+        },
+        compare: |runs| {
+            let link = "both volumes share one link as fast as one volume (--export-bw), so striping cannot \
+                        widen sequential transfers";
+            vec![
+                ratio_row(runs, "RND4K Q32T1 read", "rnd4k-q32t1-read", "raid0", 2.0, "IOPS add up: 2 x 300"),
+                ratio_row(runs, "RND4K Q32T1 write", "rnd4k-q32t1-write", "raid0", 2.0, "IOPS add up: 2 x 300"),
+                ratio_row(runs, "SEQ1M Q8T1 read", "seq1m-q8t1-read", "raid0", 1.0, link),
+                ratio_row(runs, "SEQ1M Q8T1 write", "seq1m-q8t1-write", "raid0", 1.0, link),
+            ]
+        },
+    },
+    Preset {
+        name: "howto-chunks",
+        about: "The Linux Software-RAID HOWTO's tables: RAID0 chunks 4K-32K x block sizes 1K/2K/4K, RAID5 8K/32K, \
+                RAID10 32K; large sequential reads and writes. Finding: chunk size barely matters for RAID0, \
+                block size does; both matter for RAID5",
+        apply: |a| {
+            set(a, &["single", "0", "5", "10"], 4, 4 << 10, &["sweep-read", "sweep-write"]);
+            a.chunks = vec![4 << 10, 8 << 10, 16 << 10, 32 << 10];
+            a.sweep = Some(vec![1 << 10, 2 << 10, 4 << 10]);
+            // Disks of the time: ~20 MB/s and a few hundred seeks per second.
+            a.io.member_bw = Some(20 << 20);
+            a.io.member_iops = Some(200);
+        },
+        compare: |runs| {
+            let mut rows = Vec::new();
+            for (level, published) in [
+                ("raid0", "chunk size barely matters, block size does"),
+                ("raid5", "both chunk size and block size matter"),
+            ] {
+                let (chunk_spread, block_spread) = spreads(runs, level);
+                rows.push(Comparison {
+                    experiment: "Software-RAID HOWTO".into(),
+                    measure: format!("{level}: MB/s spread across chunk sizes vs across block sizes"),
+                    published: published.into(),
+                    ours: format!("across chunks x{}, across block sizes x{}", fmt(chunk_spread), fmt(block_spread)),
+                    note: "spread = highest / lowest MB/s, the other parameter fixed (the worst case is shown); \
+                           requests of the block size, 8 in flight, where the HOWTO's bonnie went through ext2"
+                        .into(),
+                });
+            }
+            rows
+        },
+    },
+    Preset {
+        name: "raid1-write-cache",
+        about: "A RAID1 whose disks' write cache was forced on: writes 3-10x faster, unflushed data at risk \
+                (our writethrough vs --cache writeback)",
+        apply: |a| {
+            set(a, &["single", "1"], 2, 64 << 10, &["rnd4k-q1t1-write", "rnd4k-q32t1-write", "seq1m-q1t1-write"]);
+            a.cache = vec![CacheMode::Writethrough, CacheMode::Writeback];
+            a.io.member_bw = Some(20 << 20);
+            a.io.member_iops = Some(200);
+        },
+        compare: |runs| {
+            ["rnd4k-q1t1-write", "rnd4k-q32t1-write", "seq1m-q1t1-write"]
+                .iter()
+                .map(|w| {
+                    let mb = |cache: &str| {
+                        runs.iter()
+                            .find(|r| {
+                                r.level == "raid1" && r.cache == cache && r.workload == *w && r.status == Status::Ok
+                            })
+                            .and_then(|r| r.mb_per_s)
+                    };
+                    let ours = match (mb("writeback"), mb("writethrough")) {
+                        (Some(b), Some(t)) if t > 0.0 => format!("{:.2}x", b / t),
+                        _ => "not measured".into(),
+                    };
+                    Comparison {
+                        experiment: "RAID1 with the write cache on".into(),
+                        measure: format!("{w}: write-back over writethrough"),
+                        published: "3-10x".into(),
+                        ours,
+                        note: "the cache answers at memory speed until it fills, then at the members' speed: short \
+                               runs and small writes gain most; long sequential runs tend to 1x"
+                            .into(),
+                    }
+                })
+                .collect()
+        },
+    },
+];
+
+/// The preset named `name`.
+pub fn find(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+impl std::fmt::Debug for Preset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Preset {
+    pub fn apply(&self, args: &mut BenchArgs) {
+        (self.apply)(args);
+    }
+
+    pub fn compare(&self, runs: &[RunRecord]) -> Vec<Comparison> {
+        (self.compare)(runs)
+    }
+}
+
+fn set(a: &mut BenchArgs, levels: &[&str], members: usize, chunk: u64, workloads: &[&str]) {
+    a.levels = levels.iter().map(|s| s.to_string()).collect();
+    a.members = members;
+    a.chunks = vec![chunk];
+    a.workloads = workloads.iter().map(|s| s.to_string()).collect();
+    a.cache = vec![CacheMode::Writethrough];
+}
+
+fn fmt(x: Option<f64>) -> String {
+    x.map_or("?".into(), |x| format!("{x:.2}"))
+}
+
+/// The `level` array's ratio to single on `workload` (writethrough) beside `published`.
+fn ratio_row(runs: &[RunRecord], measure: &str, workload: &str, level: &str, published: f64, note: &str) -> Comparison {
+    let ours = runs
+        .iter()
+        .find(|r| r.level == level && r.workload == workload && r.cache == "writethrough")
+        .and_then(|r| r.ratio_vs_single);
+    Comparison {
+        experiment: format!("{level} over single"),
+        measure: measure.into(),
+        published: format!("{published:.2}x"),
+        ours: ours.map_or("not measured".into(), |x| format!("{x:.2}x")),
+        note: note.into(),
+    }
+}
+
+/// For `level`: the largest spread of MB/s across chunk sizes (block size fixed) and across
+/// block sizes (chunk fixed), over the sequential sweep runs.
+fn spreads(runs: &[RunRecord], level: &str) -> (Option<f64>, Option<f64>) {
+    let ok: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| r.level == level && r.status == Status::Ok && r.workload.starts_with("sweep-"))
+        .collect();
+    let spread = |group: &dyn Fn(&RunRecord) -> (String, u64)| -> Option<f64> {
+        let mut by: std::collections::BTreeMap<(String, u64), Vec<f64>> = Default::default();
+        for r in &ok {
+            by.entry(group(r)).or_default().extend(r.mb_per_s);
+        }
+        by.values()
+            .filter(|v| v.len() > 1)
+            .map(|v| v.iter().cloned().fold(f64::MIN, f64::max) / v.iter().cloned().fold(f64::MAX, f64::min))
+            .fold(None, |acc: Option<f64>, x| Some(acc.map_or(x, |a| a.max(x))))
+    };
+    // Across chunks: group by (rw, block size); across block sizes: group by (rw, chunk).
+    let across_chunks = spread(&|r| (r.rw.clone(), r.block_bytes));
+    let across_blocks = spread(&|r| (r.rw.clone(), r.chunk_bytes.unwrap_or(0)));
+    (across_chunks, across_blocks)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::bench::plan::Plan;
+    use crate::bench::workloads;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    #[test]
+    fn every_preset_makes_a_valid_plan_and_says_what_it_compares() {
+        for preset in &PRESETS {
+            let mut args = Wrapper::parse_from(["bench"]).args;
+            preset.apply(&mut args);
+            let plan = Plan::from_args(&args).unwrap_or_else(|e| panic!("{}: {e}", preset.name));
+            let chosen = workloads::select(workloads::all(&plan.sweep_bytes), &plan.workload_filter).unwrap();
+            assert!(!chosen.is_empty(), "{}", preset.name);
+            assert!(plan.arrays.iter().any(|a| a.is_single()), "{}: ratios need single", preset.name);
+            let rows = preset.compare(&[]);
+            assert!(!rows.is_empty() && rows.iter().all(|r| !r.published.is_empty()), "{}", preset.name);
+            assert!(find(preset.name).is_some());
+        }
+        assert!(find("nonsense").is_none());
+    }
+}
