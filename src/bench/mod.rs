@@ -174,6 +174,7 @@ fn settings(plan: &Plan, workspace: &Workspace) -> Settings {
         },
         member_bw_bytes_per_sec: plan.io.member_bw,
         member_iops: plan.io.member_iops,
+        export_bw_bytes_per_sec: plan.io.export_bw,
         io_engine: server::member_io_flags(&plan.io)[1].clone(),
         buffered: plan.io.buffered,
         runtime_seconds: plan.runtime.as_secs_f64(),

@@ -45,7 +45,8 @@ pub const PRESETS: [Preset; 4] = [
                 "raid0",
                 1.94,
                 "dd's 1 MiB writes split into two 512K chunk writes that run at once; the published \
-                 run went through a filesystem and lost a little to it",
+                 run wrote files through a filesystem (its journal and metadata share the volumes), ours \
+                 the block device",
             )]
         },
     },

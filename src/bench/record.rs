@@ -169,6 +169,8 @@ pub struct Settings {
     pub member_location: String,
     pub member_bw_bytes_per_sec: Option<u64>,
     pub member_iops: Option<u64>,
+    /// `--export-bw`: all members of an array together.
+    pub export_bw_bytes_per_sec: Option<u64>,
     pub io_engine: String,
     pub buffered: bool,
     pub runtime_seconds: f64,

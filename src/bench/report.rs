@@ -182,6 +182,9 @@ fn setup_lines(report: &BenchReport) -> Vec<String> {
     if let Some(iops) = s.member_iops {
         throttle.push(format!("{iops} IOPS (one I/O per started 256 KiB)"));
     }
+    if let Some(bw) = s.export_bw_bytes_per_sec {
+        throttle.push(format!("all members together {}/s ({:.1} MB/s, --export-bw)", format_size(bw), bw as f64 / 1e6));
+    }
     lines.push(format!(
         "- Members: {} each, {}; {}; io engine {}{}",
         format_size(s.member_bytes),

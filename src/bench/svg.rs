@@ -377,6 +377,7 @@ mod tests {
                 member_location: "x".into(),
                 member_bw_bytes_per_sec: Some(20 << 20),
                 member_iops: Some(200),
+                export_bw_bytes_per_sec: None,
                 io_engine: "auto".into(),
                 buffered: false,
                 runtime_seconds: 10.0,
