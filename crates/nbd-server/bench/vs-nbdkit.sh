@@ -9,6 +9,9 @@
 #        ONLY=seq crates/nbd-server/bench/vs-nbdkit.sh     (workloads whose name contains "seq")
 #        OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (the product: `raidnbd serve` of a
 #            linear array whose one member is the file; nbdkit serves the member file itself)
+#        JOBS=4 crates/nbd-server/bench/vs-nbdkit.sh   (fio numjobs=4: four connections to each server)
+#        NULL=1 crates/nbd-server/bench/vs-nbdkit.sh   (also `nbdkit null`, a server that does no I/O:
+#            the client's ceiling on this machine; ratio ours/null)
 #        TLS=1 OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (both servers also offer TLS
 #            (--tls on, X.509 from tests/make-pki.sh); fio also runs over nbds:// against each:
 #            four servers in the rotation, ours-tls and nbdkit-tls beside the plaintext two)
@@ -22,6 +25,9 @@ ONLY=${ONLY:-}
 OURS=${OURS:-serve_file} # serve_file (the crate's example, a FileDevice) or raidnbd
 OURS_ARGS=${OURS_ARGS:-} # extra server arguments, e.g. "--threads 4"
 TLS=${TLS:-0}
+JOBS=${JOBS:-1}
+NULL=${NULL:-0}
+NULL_PORT=${NULL_PORT:-10913}
 IMG=${IMG:-/dev/shm/nbd-bench.img}
 OURS_PORT=${OURS_PORT:-10911}
 NBDKIT_PORT=${NBDKIT_PORT:-10912}
@@ -48,6 +54,7 @@ WORK=$(mktemp -d)
 cleanup() {
     [[ -n ${OURS_PID:-} ]] && kill "$OURS_PID" 2>/dev/null || true
     [[ -f $WORK/nbdkit.pid ]] && kill "$(cat "$WORK/nbdkit.pid")" 2>/dev/null || true
+    [[ -f $WORK/null.pid ]] && kill "$(cat "$WORK/null.pid")" 2>/dev/null || true
     wait 2>/dev/null || true
     rm -rf "$WORK" "$IMG"
 }
@@ -84,8 +91,13 @@ fi
 OURS_PID=$!
 nbdkit -f -P "$WORK/nbdkit.pid" -i 127.0.0.1 -p "$NBDKIT_PORT" "${NBDKIT_TLS[@]}" file "$IMG" \
     >"$WORK/nbdkit.log" 2>&1 &
+if [[ $NULL == 1 ]]; then
+    nbdkit -f -P "$WORK/null.pid" -i 127.0.0.1 -p "$NULL_PORT" null "$SIZE" >"$WORK/null.log" 2>&1 &
+    SERVERS+=(null)
+fi
 for _ in $(seq 50); do
-    grep -qE "listening|serving export" "$WORK/ours.log" && [[ -s $WORK/nbdkit.pid ]] && break
+    grep -qE "listening|serving export" "$WORK/ours.log" && [[ -s $WORK/nbdkit.pid ]] \
+        && { [[ $NULL == 0 ]] || [[ -s $WORK/null.pid ]]; } && break
     sleep 0.1
 done
 
@@ -105,6 +117,7 @@ uri_of() { # server -> the URI fio uses
     case $1 in
     ours) echo "nbd://127.0.0.1:$OURS_PORT/" ;;
     nbdkit) echo "nbd://127.0.0.1:$NBDKIT_PORT/" ;;
+    null) echo "nbd://127.0.0.1:$NULL_PORT/" ;;
     # fio's NBD engine refuses URIs that name local files; libnbd then reads the CA from
     # $HOME/.pki/libnbd (set up below).
     ours-tls) echo "nbds://localhost:$OURS_PORT/" ;;
@@ -116,7 +129,8 @@ run_fio() { # uri workload-args... ; prints "iops bw_bytes_per_s"
     local uri=$1
     shift
     fio --name=bench --ioengine=nbd --uri="$uri" --size="$FIO_SIZE" \
-        --time_based --runtime="$RUNTIME" --ramp_time=1 --numjobs=1 --output-format=json "$@" |
+        --time_based --runtime="$RUNTIME" --ramp_time=1 --numjobs="$JOBS" --group_reporting \
+        --output-format=json "$@" |
         /usr/bin/python3 -c '
 import json, sys
 text = sys.stdin.read()  # fio prints "fio: connected to NBD server" before the JSON
@@ -136,6 +150,7 @@ for round in $(seq "$ROUNDS"); do
         for server in "${order[@]}"; do
             pid=$OURS_PID
             [[ $server == nbdkit* ]] && pid=$(cat "$WORK/nbdkit.pid")
+            [[ $server == null ]] && pid=$(cat "$WORK/null.pid")
             before=$(cpu_ticks "$pid")
             # shellcheck disable=SC2086
             result=$(run_fio "$(uri_of "$server")" $args)
@@ -147,7 +162,7 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-/usr/bin/python3 - "$RESULTS" "$RUNTIME" <<'EOF'
+/usr/bin/python3 - "$RESULTS" "$RUNTIME" "$JOBS" <<'EOF'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 names = list(dict.fromkeys(r[1] for r in rows))
@@ -166,11 +181,21 @@ for name in names:
         med[server] = (iops, bw, cpu)
         print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f}")
     pairs = [("ours", "nbdkit")]
+    if "null" in med:
+        pairs.append(("ours", "null"))
     if "ours-tls" in med:
         pairs += [("ours-tls", "nbdkit-tls"), ("ours-tls", "ours")]
     ratios.append(f"{name:<20} " + "  ".join(f"{a}/{b} {med[a][0] / med[b][0]:.2f}" for a, b in pairs))
+    # Each round's ours/nbdkit, to see the spread.
+    per_round = []
+    for rnd in sorted({r[0] for r in rows}, key=int):
+        by = {r[2]: float(r[3]) for r in rows if r[0] == rnd and r[1] == name}
+        if "ours" in by and "nbdkit" in by:
+            per_round.append(f"{by['ours'] / by['nbdkit']:.2f}")
+    ratios.append(f"{'':<20} ours/nbdkit by round: {' '.join(per_round)}")
 print()
 print("\n".join(ratios))
 rounds = len(rows) // (len(servers) * len(names))
-print(f"ratios of IOPS (median of {rounds} alternated rounds)")
+jobs = sys.argv[3]
+print(f"ratios of IOPS (median of {rounds} alternated rounds; {jobs} connection(s) per server)")
 EOF

@@ -9,17 +9,20 @@
 //!   the combined write does, with its result. FUA holds (the combined write is FUA when any
 //!   part asked for it); FLUSH covers what was acknowledged before it, as always.
 //! - A group grows at both ends (requests are dispatched in parallel, so the write that
-//!   comes next on the wire may arrive first). It waits a window at a time: it goes as soon
-//!   as it covers whole stripes and at least [`MERGE_TARGET_BYTES`] (so that small stripes
-//!   still make large member writes: a cloud volume counts I/Os), after a window in which no
-//!   write was on the members and none finished (nothing is coming soon: a client at queue
-//!   depth 1), and after [`BUSY_WINDOWS`] windows at most while writes are busy (the
-//!   members are busy anyway, and the writes that complete the stripe come when those
-//!   finish: md's stripe cache likewise delays stripes that need pre-reads while the array
-//!   has other work). A group is bounded by [`MAX_GROUP_BYTES`]. Only writes next to a recent write (one ended where it
-//!   starts, or started where it ends) wait, so random writes never do; and after
-//!   [`MISS_LIMIT`] waits in a row that nobody joined (a stream at queue depth 1), only one
-//!   in [`PROBE_EVERY`] waits until a wait is joined again.
+//!   comes next on the wire may arrive first), and two groups become one when the write
+//!   between them arrives. It waits a window at a time: it goes as soon as it covers whole
+//!   stripes and at least [`MERGE_TARGET_BYTES`] (so that small stripes still make large
+//!   member writes: a cloud volume counts I/Os); after a window in which no write was on
+//!   the members and none finished (nothing is coming soon: a client at queue depth 1); and
+//!   after [`BUSY_WINDOWS`] windows at most while writes are busy (the members are busy
+//!   anyway, and the writes that complete the stripe come when those finish: md's stripe
+//!   cache likewise delays stripes that need pre-reads while the array has other work). A
+//!   group that starts inside a stripe goes once it holds a whole stripe, so the next one
+//!   starts on a boundary. A group is bounded by [`MAX_GROUP_BYTES`].
+//! - Only writes within [`NEAR_LENGTHS`] of their own length from a recent write wait, so
+//!   random writes (almost) never do; and after [`MISS_LIMIT`] waits in a row that nobody
+//!   joined (a stream at queue depth 1), only one in [`PROBE_EVERY`] waits until a wait is
+//!   joined again.
 //! - A group is led by its first write, which does the combined write. If the leader's
 //!   future is dropped before it finishes, the others do their own writes (a write is
 //!   idempotent under its stripe locks).
@@ -305,9 +308,9 @@ impl Gather {
 }
 
 impl Leader<'_> {
-    /// Waits until the group is full or the window passed, then closes it (no more joins)
-    /// and returns what to write: the first sector, every part's data in order, and whether
-    /// any part asked for FUA.
+    /// Waits until the group is full or done waiting, then closes it (no more joins) and
+    /// says what to do: write every part's data from the first sector (FUA if any part
+    /// asked), or, if the group was merged into the one before it, wait for that one.
     pub async fn wait(&mut self) -> Outcome {
         let mut full = self.full.take().expect("waited once");
         let mut finished = self.gather.finished.load(Ordering::Relaxed);
