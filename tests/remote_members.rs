@@ -130,7 +130,16 @@ fn wait_status(
         if done(&status) {
             return status;
         }
-        assert!(Instant::now() < deadline, "not reached within {limit:?}: {status:#}");
+        if Instant::now() >= deadline {
+            // The server's log says why (the newest serve-PORT.log Served writes).
+            let newest = std::fs::read_dir(d)
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("serve-"))
+                .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
+            let log = newest.map(|e| std::fs::read_to_string(e.path()).unwrap_or_default()).unwrap_or_default();
+            panic!("not reached within {limit:?}: {status:#}\nserver log:\n{log}");
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -294,15 +294,22 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Puts a spare into the first failed role (md's remove_and_add_spares).
     async fn assign_spare(&self) -> Result<Option<Step>> {
-        let Some(role) = self.failed_roles().into_iter().next() else { return Ok(None) };
+        if self.failed_roles().is_empty() || self.members.spares.lock().expect("spares lock").is_empty() {
+            return Ok(None);
+        }
         if !self.has_redundancy() {
             return Ok(None);
         }
+        // Role and spare are chosen under the metadata lock: a re-add or an add holding it may
+        // list its device among the spares for a moment (its superblock write needs it there)
+        // and put it into the failed role; seen before the lock, that device would be taken
+        // out of the role it was just given (a race the remote-members test caught).
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        let Some(role) = self.failed_roles().into_iter().next() else { return Ok(None) };
         // The spare stays listed until it is in its role: a status taken meanwhile (the metadata
         // writes take a while) must show it one way or the other, never neither (`ctl wait`
         // would read that as idle). If the assignment cannot be recorded it stays a spare.
         let Some(spare) = self.members.spares.lock().expect("spares lock").last().cloned() else { return Ok(None) };
-        let _g = self.locks.lock(META_LOCK_KEY).await;
         let slot = &self.members.slots[role];
         if let Some(old) = slot.take_device() {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
