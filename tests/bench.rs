@@ -48,23 +48,35 @@ fn assert_balanced_tags(svg: &str) {
     assert!(stack.is_empty(), "unclosed tags {stack:?}");
 }
 
+/// `raidnbd bench ARGS... --dir DIR --out OUT`, which must succeed; returns its stderr.
+fn run_bench(dir: &std::path::Path, out: &std::path::Path, args: &[&str], more: &[&str]) -> String {
+    let output = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .args(more)
+        .arg("--dir")
+        .arg(dir)
+        .arg("--out")
+        .arg(out)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run raidnbd bench");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "bench failed ({:?}):\n{stderr}", output.status);
+    stderr
+}
+
 #[test]
 fn quick_bench_writes_parsable_plausible_results() {
     require_tool("fio", "fio");
     let dir = tempdir();
     let out = dir.path().join("out");
-    let output = Command::new(BIN)
-        .args(["bench", "--quick", "--levels", "single,0", "--members", "2", "--size", "32M", "--runtime", "700ms"])
-        .args(["--ramp", "200ms", "--workloads", WORKLOADS, "--cache", "writethrough,writeback"])
-        .arg("--dir")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&out)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run raidnbd bench");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "bench failed ({:?}):\n{stderr}", output.status);
+    let stderr = run_bench(
+        dir.path(),
+        &out,
+        &["--quick", "--levels", "single,0", "--members", "2", "--size", "32M", "--runtime", "700ms"],
+        &["--ramp", "200ms", "--workloads", WORKLOADS, "--cache", "writethrough,writeback"],
+    );
     assert!(stderr.contains("ETA"), "progress lines show an ETA:\n{stderr}");
 
     let json: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
@@ -135,19 +147,12 @@ fn remote_members_bench_builds_arrays_over_nbdkit_exports() {
     require_tool("nbdkit", "nbdkit");
     let dir = tempdir();
     let out = dir.path().join("out");
-    let output = Command::new(BIN)
-        .args(["bench", "--quick", "--remote-members", "--remote-iops", "400", "--levels", "single,0"])
-        .args(["--members", "2", "--size", "16M", "--runtime", "2s", "--ramp", "300ms"])
-        .args(["--workloads", "rnd4k-q32t1-read"])
-        .arg("--dir")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&out)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run raidnbd bench");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "bench failed ({:?}):\n{stderr}", output.status);
+    run_bench(
+        dir.path(),
+        &out,
+        &["--quick", "--remote-members", "--remote-iops", "400", "--levels", "single,0", "--members", "2"],
+        &["--size", "16M", "--runtime", "2s", "--ramp", "300ms", "--workloads", "rnd4k-q32t1-read"],
+    );
     let json: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     assert!(json["settings"]["member_location"].as_str().unwrap().contains("nbdkit"), "{}", json["settings"]);
     let runs = json["runs"].as_array().expect("runs");

@@ -58,9 +58,7 @@ fn start_peers(d: &Path) -> (Peers, Vec<String>, Vec<(PathBuf, u16)>) {
     }
     let mut files = Vec::new();
     for i in 0..2 {
-        let file = d.join(format!("file-member{i}.img"));
-        std::fs::File::create(&file).unwrap().set_len(48 << 20).unwrap();
-        let port = free_port();
+        let (file, port) = new_file(d, &format!("file-member{i}.img"), 48 << 20);
         children.push(nbdkit_file(&file, port));
         uris.push(format!("nbd://127.0.0.1:{port}/"));
         files.push((file, port));
@@ -306,13 +304,28 @@ fn nbdkit_memory(socket: &Path, size: &str) -> Child {
 
 /// `nbdkit file FILE` on 127.0.0.1:`port`.
 fn nbdkit_file(file: &Path, port: u16) -> Child {
+    nbdkit_file_with(file, port, &[], &[])
+}
+
+/// `nbdkit FILTERS... file FILE PARAMS...` on 127.0.0.1:`port`.
+fn nbdkit_file_with(file: &Path, port: u16, filters: &[&str], params: &[&str]) -> Child {
     let child = Command::new("nbdkit")
-        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "file"])
+        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+        .args(filters)
+        .arg("file")
         .arg(file)
+        .args(params)
         .spawn()
         .expect("nbdkit file");
     wait_for_port(port);
     child
+}
+
+/// A new sparse file of `bytes` in `d`, and a free port to serve it on.
+fn new_file(d: &Path, name: &str, bytes: u64) -> (PathBuf, u16) {
+    let file = d.join(name);
+    std::fs::File::create(&file).unwrap().set_len(bytes).unwrap();
+    (file, free_port())
 }
 
 fn signal(child: &Child, sig: i32) {
@@ -336,9 +349,7 @@ fn a_member_server_that_restarts_within_the_member_timeout_is_reconnected() {
     require_tool("nbdkit", "nbdkit");
     let dir = tempdir();
     let d = dir.path();
-    let remote_file = d.join("remote.img");
-    std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
-    let port = free_port();
+    let (remote_file, port) = new_file(d, "remote.img", 32 << 20);
     let mut server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
     // Two connections (nbdkit file offers CAN_MULTI_CONN): both are replaced together.
     let uri = format!("nbd://127.0.0.1:{port}/?connections=2");
@@ -392,9 +403,7 @@ fn a_member_server_that_stays_away_or_comes_back_different_fails_the_member() {
     let dir = tempdir();
     let d = dir.path();
     // 1. Stopped (SIGSTOP) for longer than --member-timeout 2: the member fails, writes go on.
-    let remote_file = d.join("remote.img");
-    std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
-    let port = free_port();
+    let (remote_file, port) = new_file(d, "remote.img", 32 << 20);
     let server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
     let uri = format!("nbd://127.0.0.1:{port}/");
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "a.img", &uri]));
@@ -447,9 +456,7 @@ fn a_member_server_that_stays_away_or_comes_back_different_fails_the_member() {
 
     // 3. Lost with writes it acknowledged but no FLUSH covered: a new connection cannot vouch
     //    for them, so the member fails at once (its server restarting with the same file).
-    let remote_file = d.join("remote3.img");
-    std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
-    let port = free_port();
+    let (remote_file, port) = new_file(d, "remote3.img", 32 << 20);
     let mut server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
     let uri = format!("nbd://127.0.0.1:{port}/");
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "c.img", &uri]));
@@ -529,18 +536,6 @@ fn metric_value(text: &str, name: &str, member: &str) -> f64 {
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
-/// `nbdkit --filter=delay file FILE rdelay=MS` on 127.0.0.1:`port`: a distant member.
-fn nbdkit_delayed_file(file: &Path, port: u16, delay_ms: u32) -> Child {
-    let child = Command::new("nbdkit")
-        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "--filter=delay", "file"])
-        .arg(file)
-        .arg(format!("rdelay={delay_ms}ms"))
-        .spawn()
-        .expect("nbdkit file with the delay filter");
-    wait_for_port(port);
-    child
-}
-
 /// RAID1 of a local file and a distant one (reads delayed 5 ms): marked write-mostly, the
 /// distant copy is never read; unmarked, reads still go to the local copy by measured
 /// latency (but for rare probes). Both copies get every write.
@@ -550,10 +545,10 @@ fn mirror_reads_avoid_a_write_mostly_or_distant_copy() {
     for write_mostly in [true, false] {
         let dir = tempdir();
         let d = dir.path();
-        let remote_file = d.join("remote.img");
-        std::fs::File::create(&remote_file).unwrap().set_len(32 << 20).unwrap();
-        let port = free_port();
-        let _server = Peers { children: vec![nbdkit_delayed_file(&remote_file, port, 5)] };
+        let (remote_file, port) = new_file(d, "remote.img", 32 << 20);
+        // A distant member: every read 5 ms late (nbdkit's delay filter).
+        let _server =
+            Peers { children: vec![nbdkit_file_with(&remote_file, port, &["--filter=delay"], &["rdelay=5ms"])] };
         let uri = format!("nbd://127.0.0.1:{port}/");
         let mut create = vec!["create", "--level", "1", "--size", "32M"];
         if write_mostly {
@@ -647,9 +642,7 @@ fn members_over_tls() {
     wait_for_socket(&socket);
     uris.push(format!("nbds+unix:///?socket={}&tls-psk-file={}&tls-username=alice", socket.display(), psk.display()));
     // qemu-nbd, X.509.
-    let image = d.join("q.img");
-    std::fs::File::create(&image).unwrap().set_len(48 << 20).unwrap();
-    let port = free_port();
+    let (image, port) = new_file(d, "q.img", 48 << 20);
     peers.children.push(
         Command::new("qemu-nbd")
             .args(["--persistent", "-f", "raw", "-x", "q", "-b", "127.0.0.1", "-p", &port.to_string()])

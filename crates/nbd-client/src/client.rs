@@ -48,6 +48,26 @@ impl Default for ClientConfig {
 type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
+/// The handshake on a connected socket: plaintext, or (`nbds://`) STARTTLS first. `split`
+/// gives a plaintext socket's own halves (no lock between them, unlike `tokio::io::split`).
+async fn handshake<S>(
+    mut stream: S,
+    address: &ExportAddress,
+    name: &str,
+    split: impl FnOnce(S) -> (Reader, Writer),
+) -> Result<(ExportDetails, Reader, Writer)>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    if address.tls.is_some() {
+        return handshake_tls(stream, address, name).await;
+    }
+    greet(&mut stream, name).await?;
+    let details = negotiate(&mut stream, &address.export, name).await?;
+    let (r, w) = split(stream);
+    Ok((details, r, w))
+}
+
 /// Greeting, STARTTLS, the TLS handshake, then the export's negotiation over TLS.
 async fn handshake_tls<S>(mut stream: S, address: &ExportAddress, name: &str) -> Result<(ExportDetails, Reader, Writer)>
 where
@@ -119,25 +139,19 @@ impl Client {
                 Endpoint::Tcp { host, port } => {
                     let tcp = TcpStream::connect((host.as_str(), *port)).await.map_err(io)?;
                     tcp.set_nodelay(true).map_err(io)?;
-                    if address.tls.is_some() {
-                        return handshake_tls(tcp, address, &name).await;
-                    }
-                    let mut tcp = tcp;
-                    greet(&mut tcp, &name).await?;
-                    let details = negotiate(&mut tcp, &address.export, &name).await?;
-                    let (r, w) = tcp.into_split();
-                    Ok::<_, ClientError>((details, Box::new(r) as Reader, Box::new(w) as Writer))
+                    handshake(tcp, address, &name, |s| {
+                        let (r, w) = s.into_split();
+                        (Box::new(r) as Reader, Box::new(w) as Writer)
+                    })
+                    .await
                 }
                 Endpoint::Unix { socket } => {
                     let unix = UnixStream::connect(socket).await.map_err(io)?;
-                    if address.tls.is_some() {
-                        return handshake_tls(unix, address, &name).await;
-                    }
-                    let mut unix = unix;
-                    greet(&mut unix, &name).await?;
-                    let details = negotiate(&mut unix, &address.export, &name).await?;
-                    let (r, w) = unix.into_split();
-                    Ok((details, Box::new(r) as Reader, Box::new(w) as Writer))
+                    handshake(unix, address, &name, |s| {
+                        let (r, w) = s.into_split();
+                        (Box::new(r) as Reader, Box::new(w) as Writer)
+                    })
+                    .await
                 }
             }
         };

@@ -343,10 +343,17 @@ impl Leader<'_> {
         }
         let group = self.group.as_ref().expect("not finished");
         let mut g = lock(&group.state);
-        let mut data = Vec::with_capacity(g.bytes);
-        for piece in std::mem::take(&mut g.pieces) {
-            data.extend_from_slice(&piece);
-        }
+        let mut pieces = std::mem::take(&mut g.pieces);
+        // A group nobody joined writes its one piece as it is (no second copy).
+        let data = if pieces.len() == 1 {
+            pieces.pop_front().expect("one piece")
+        } else {
+            let mut data = Vec::with_capacity(g.bytes);
+            for piece in pieces {
+                data.extend_from_slice(&piece);
+            }
+            data
+        };
         debug_assert_eq!(data.len() as u64, (g.end_sector - g.start_sector) * crate::SECTOR_BYTES);
         Outcome::Go { first: g.start_sector, data, fua: g.fua }
     }
@@ -386,7 +393,9 @@ impl Drop for Leader<'_> {
     }
 }
 
-/// The error a joiner reports when the combined write failed.
-pub(crate) fn joined_error(kind: crate::error::ErrorKind, message: String) -> RaidError {
-    RaidError::new(kind, message)
+/// What the leader a write joined (or was merged into) reports; `None` if it went away
+/// before writing, and the write must be done by its own caller.
+pub(crate) async fn leaders_result(result: oneshot::Receiver<JoinResult>) -> Option<Result<()>> {
+    let reported = result.await.ok()?;
+    Some(reported.map_err(|(kind, message)| RaidError::new(kind, message)))
 }

@@ -292,8 +292,8 @@ impl<M: Member + ?Sized> Array<M> {
                     return self.write_sectors(start, data, fua).await;
                 }
                 gather::Role::Joined(result) => {
-                    if let Ok(result) = result.await {
-                        return result.map_err(|(kind, message)| gather::joined_error(kind, message));
+                    if let Some(result) = gather::leaders_result(result).await {
+                        return result;
                     }
                     // The leader went away before writing: write it here.
                 }
@@ -304,11 +304,11 @@ impl<M: Member + ?Sized> Array<M> {
                         leader.finish(&result);
                         return result;
                     }
+                    // Merged into the group before it: that group's leader writes this too.
                     gather::Outcome::Merged(result) => {
-                        if let Ok(result) = result.await {
-                            return result.map_err(|(kind, message)| gather::joined_error(kind, message));
+                        if let Some(result) = gather::leaders_result(result).await {
+                            return result;
                         }
-                        // The other leader went away before writing: write it here.
                     }
                 },
             }
