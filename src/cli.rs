@@ -164,8 +164,15 @@ pub struct CreateArgs {
     /// Overwrite members that already hold a superblock or a filesystem.
     #[arg(short, long)]
     pub force: bool,
+    /// What keeps redundancy right across a crash (mdadm's names): `ppl` (raid5: md's
+    /// partial parity log; closes the write hole, no resync after a crash), `bitmap` (a
+    /// write-intent bitmap: only recently written regions are resynced), `resync` (the
+    /// whole array is resynced). Default: ppl for raid5; bitmap for other redundant arrays
+    /// of 4 GiB or more; resync otherwise.
+    #[arg(long, value_name = "ppl|bitmap|resync")]
+    pub consistency_policy: Option<String>,
     /// Write-intent bitmap: `internal` (md's format; after a crash only recently written
-    /// regions are resynced) or `none`. Default: internal for redundant arrays of 4 GiB or more.
+    /// regions are resynced) or `none` (same as --consistency-policy bitmap / resync).
     #[arg(long, value_name = "internal|none")]
     pub bitmap: Option<String>,
     /// Bytes of array data per bitmap bit (mdadm's --bitmap-chunk; default 64M, doubled

@@ -12,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::future::try_join_all;
 use raid_core::geometry::{Geometry, Level, ParityLayout, Raid0Layout, Raid10Layout};
+use raid_core::md::ppl::{PplHeader, ppl_signature};
 use raid_core::md::{
     self, BITMAP_OFFSET_SECTORS, Bitmap, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, bitmap_space_sectors,
 };
@@ -91,6 +92,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         slots.push(Some((arg.clone(), member)));
     }
     let members_bytes: Vec<Option<u64>> = slots.iter().map(|s| s.as_ref().map(|(_, m)| m.len_bytes())).collect();
+    let policy = choose_policy(&args, level)?;
     let params = CreateParams {
         level,
         layout,
@@ -99,6 +101,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         homehost: None,
         uuid: None,
         members_bytes: &members_bytes,
+        ppl: policy == Policy::Ppl,
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut meta = md::create(&params, now, &mut random_uuid).map_err(|e| anyhow!("{e}"))?;
@@ -109,14 +112,21 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         })
         .collect();
     let geometry = Geometry::new(level, meta.layout, meta.chunk_sectors, &sizes).map_err(|e| anyhow!("{e}"))?;
-    let bitmap = choose_bitmap(&args, &geometry, &mut meta, &members_bytes)?;
+    let bitmap = match policy {
+        Policy::Ppl => None,
+        _ => choose_bitmap(&args, policy, &geometry, &mut meta, &members_bytes)?,
+    };
+    let ppl_header = meta.ppl_area().map(|(offset_sectors, _)| {
+        let empty = PplHeader { signature: ppl_signature(meta.uuid), generation: 0, entries: Vec::new() };
+        (SUPERBLOCK_BYTE_OFFSET as i64 + i64::from(offset_sectors) * 512, empty.encode())
+    });
     mark_write_mostly(&args, &mut meta)?;
 
     let present: Vec<&(String, Arc<dyn Member>)> = slots.iter().flatten().collect();
     assert_eq!(present.len(), meta.members.len(), "one metadata record per present member");
     let bitmap_image = bitmap.as_ref().map(Bitmap::encode);
     try_join_all(present.iter().zip(&meta.members).enumerate().map(|(index, ((path, member), record))| {
-        let (meta, bitmap_image) = (&meta, &bitmap_image);
+        let (meta, bitmap_image, ppl_header) = (&meta, &bitmap_image, &ppl_header);
         async move {
             wipe_member(member.as_ref(), record.data_offset, record.data_size)
                 .await
@@ -128,6 +138,13 @@ pub async fn run(args: CreateArgs) -> Result<()> {
                     .await
                     .0
                     .with_context(|| format!("cannot write the bitmap of {path}"))?;
+            }
+            if let Some((at, header)) = ppl_header {
+                member
+                    .write_at(*at as u64, AlignedBuf::from_slice(header), false)
+                    .await
+                    .0
+                    .with_context(|| format!("cannot write the partial parity log of {path}"))?;
             }
             let image = AlignedBuf::from_slice(&meta.superblock_for(index).encode());
             member
@@ -148,8 +165,26 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         geometry.array_sectors() * SECTOR_BYTES,
         meta.uuid
     );
-    if let Some(b) = &bitmap {
-        println!("write-intent bitmap: {} chunks of {}", b.chunks(), format_size(u64::from(b.chunk_bytes)));
+    match (&bitmap, policy) {
+        (_, Policy::Ppl) => println!(
+            "consistency policy: ppl (md's partial parity log, 1 MiB per member: a crash cannot leave parity \
+             stale, so the array needs no resync and survives losing a member right after a crash)"
+        ),
+        (Some(b), _) => println!(
+            "consistency policy: bitmap ({} chunks of {}: after a crash only recently written chunks resync)",
+            b.chunks(),
+            format_size(u64::from(b.chunk_bytes))
+        ),
+        (None, _) if geometry.max_failures() > 0 => {
+            println!("consistency policy: resync (after a crash the whole array resyncs)");
+            if matches!(level, Level::Raid4 | Level::Raid6) {
+                println!(
+                    "note: md's partial parity log is raid5-only; a {level} that crashes and then loses a member \
+                     before its resync ends may rebuild stale parity (it starts read-only then, unless --force)"
+                );
+            }
+        }
+        (None, _) => {}
     }
     let missing = slots.iter().filter(|s| s.is_none()).count();
     if missing > 0 {
@@ -181,6 +216,44 @@ fn mark_write_mostly(args: &CreateArgs, meta: &mut md::ArrayMetadata) -> Result<
     Ok(())
 }
 
+/// `--consistency-policy`, as mdadm names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    Ppl,
+    Bitmap,
+    Resync,
+    /// Not given: ppl for raid5, else the bitmap rule below.
+    Default,
+}
+
+fn choose_policy(args: &CreateArgs, level: Level) -> Result<Policy> {
+    let policy = match args.consistency_policy.as_deref() {
+        None => match (level, args.bitmap.as_deref()) {
+            (Level::Raid5, None) => Policy::Ppl,
+            _ => Policy::Default,
+        },
+        Some("ppl") => Policy::Ppl,
+        Some("bitmap") => Policy::Bitmap,
+        Some("resync") => Policy::Resync,
+        Some(other) => bail!("--consistency-policy {other}: use ppl, bitmap or resync"),
+    };
+    match policy {
+        Policy::Ppl if level != Level::Raid5 => {
+            bail!("--consistency-policy ppl is for raid5 (md's partial parity log is raid5-only); use bitmap or resync")
+        }
+        Policy::Ppl if args.bitmap.as_deref() == Some("internal") => {
+            bail!("a partial parity log and a write-intent bitmap exclude each other (as in md)")
+        }
+        Policy::Bitmap if args.bitmap.as_deref() == Some("none") => {
+            bail!("--consistency-policy bitmap with --bitmap none")
+        }
+        Policy::Resync if args.bitmap.as_deref() == Some("internal") => {
+            bail!("--consistency-policy resync with --bitmap internal")
+        }
+        _ => Ok(policy),
+    }
+}
+
 /// Arrays at least this large get a write-intent bitmap unless `--bitmap none`.
 const AUTO_BITMAP_BYTES: u64 = 4 << 30;
 
@@ -188,21 +261,23 @@ const AUTO_BITMAP_BYTES: u64 = 4 << 30;
 /// and records it in the metadata.
 fn choose_bitmap(
     args: &CreateArgs,
+    policy: Policy,
     geometry: &Geometry,
     meta: &mut md::ArrayMetadata,
     members_bytes: &[Option<u64>],
 ) -> Result<Option<Bitmap>> {
     let redundant = geometry.max_failures() > 0;
-    let wanted = match args.bitmap.as_deref() {
-        Some("internal") => {
+    let wanted = match (policy, args.bitmap.as_deref()) {
+        (Policy::Resync, _) => false,
+        (Policy::Bitmap, _) | (_, Some("internal")) => {
             if !redundant {
                 bail!("{} has no redundancy: a bitmap has nothing to protect", geometry.level());
             }
             true
         }
-        Some("none") => false,
-        Some(other) => bail!("--bitmap {other}: use internal or none"),
-        None => redundant && geometry.array_sectors() * SECTOR_BYTES >= AUTO_BITMAP_BYTES,
+        (_, Some("none")) => false,
+        (_, Some(other)) => bail!("--bitmap {other}: use internal or none"),
+        (_, None) => redundant && geometry.array_sectors() * SECTOR_BYTES >= AUTO_BITMAP_BYTES,
     };
     if !wanted {
         return Ok(None);

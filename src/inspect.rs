@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use raid_core::SECTOR_BYTES;
 use raid_core::geometry::{Geometry, Level};
-use raid_core::md::{self, ArrayMetadata, Assembly, Candidate, Superblock};
+use raid_core::md::{self, ArrayMetadata, Assembly, Candidate, FeatureMap, Superblock};
 use serde_json::{Value, json};
 
 use crate::cli::{DetailArgs, InspectArgs, MemberIoArgs};
@@ -117,6 +117,10 @@ fn examine_text(path: &str, sb: &Superblock) -> String {
     }
     line("State", if sb.is_clean() { "clean".into() } else { "active".into() });
     line("Device UUID", sb.device_uuid.to_string());
+    if sb.feature_map.intersects(FeatureMap::ANY_PPL) {
+        let raw = sb.bitmap_offset as u32;
+        line("PPL", format!("{} sectors at offset {} sectors from superblock", raw >> 16, raw as u16 as i16));
+    }
     if sb.devflags & raid_core::md::DEVFLAG_WRITE_MOSTLY != 0 {
         line("Flags", "write-mostly".into());
     }
@@ -176,6 +180,19 @@ fn state_words(a: &Assembly) -> String {
     s
 }
 
+/// md's consistency policy of an array (`mdadm --detail`'s "Consistency Policy").
+fn consistency_policy(meta: &ArrayMetadata) -> &'static str {
+    if meta.ppl_area().is_some() {
+        "ppl"
+    } else if meta.bitmap_offset().is_some() {
+        "bitmap"
+    } else if meta.level.parity_blocks() > 0 || matches!(meta.level, Level::Raid1 | Level::Raid10) {
+        "resync"
+    } else {
+        "none"
+    }
+}
+
 fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometry>) -> Value {
     let meta = &a.metadata;
     let members: Vec<Value> = (0..meta.raid_disks as usize)
@@ -198,6 +215,7 @@ fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometr
         "array_size_bytes": geometry.map(|g| g.array_sectors() * SECTOR_BYTES),
         "used_dev_size_bytes": meta.size * SECTOR_BYTES,
         "state": state_words(a),
+        "consistency_policy": consistency_policy(meta),
         "degraded": a.degraded,
         "clean": !a.dirty,
         "events": meta.events,
@@ -271,6 +289,7 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
     if let Some(g) = &geometry {
         line("Layout", describe_layout(g));
     }
+    line("Consistency Policy", consistency_policy(meta).into());
     line("Name", meta.name());
     line("UUID", meta.uuid.to_string());
     line("Events", meta.events.to_string());

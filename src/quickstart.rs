@@ -25,6 +25,7 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
             size: Some(MEMBER_BYTES),
             name: Some(EXPORT.into()),
             force: false,
+            consistency_policy: None,
             bitmap: None,
             bitmap_chunk: None,
             write_mostly: Vec::new(),

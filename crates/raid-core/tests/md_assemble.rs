@@ -25,6 +25,7 @@ mod md {
             homehost: Some("host"),
             uuid: None,
             members_bytes: &slots,
+            ppl: false,
         };
         let mut next = 0u8;
         let mut random = || {
@@ -361,6 +362,7 @@ mod md {
             homehost: None,
             uuid: None,
             members_bytes: &slots,
+            ppl: false,
         };
         let mut md0 = create(&params, 0, &mut || MdUuid([7; 16])).unwrap();
         md0.members[1].device_uuid = MdUuid([8; 16]);

@@ -35,6 +35,7 @@ mod md {
             homehost: Some("testhost"),
             uuid: None,
             members_bytes,
+            ppl: false,
         }
     }
 

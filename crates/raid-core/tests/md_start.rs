@@ -23,6 +23,7 @@ fn create_raid5() -> Vec<Arc<MemoryMember>> {
         homehost: None,
         uuid: Some(MdUuid([7; 16])),
         members_bytes: &sizes,
+        ppl: false,
     };
     let mut n = 0u8;
     let meta = md::create(&params, 1_700_000_000, &mut || {

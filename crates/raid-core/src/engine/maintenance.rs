@@ -165,6 +165,11 @@ impl<M: Member + ?Sized> Array<M> {
         self.dirty.store(false, Ordering::Release);
     }
 
+    /// Nothing needs a resync after all (a parity log replay made every stripe consistent).
+    pub(crate) fn mark_resynced(&self) {
+        self.maintenance.lock().resync_next_unit = None;
+    }
+
     /// Where a pending resync stands, in md's resync sectors (`None`: nothing pending).
     pub(crate) fn resync_checkpoint(&self) -> Option<u64> {
         self.maintenance.lock().resync_next_unit.map(|u| u * self.resync_unit_sectors())

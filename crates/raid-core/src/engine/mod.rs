@@ -34,6 +34,7 @@ mod maintenance;
 mod membership;
 mod metadata;
 mod mirror;
+mod parity_log;
 mod quiesce;
 mod read_balance;
 mod read_data;
@@ -52,6 +53,7 @@ pub use gather::Timer;
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
+pub use parity_log::{ParityLogConfig, ParityLogStats, ReplayReport};
 pub use read_data::{FileExtent, ReadData, Segment};
 pub use scrub::ScrubCounts;
 pub use slot::{Device, RoleMember, SlotState};
@@ -122,6 +124,8 @@ pub struct Array<M: Member + ?Sized> {
     quiesce: quiesce::Quiesce,
     /// Full-stripe gathering of sequential writes (raid4/5/6, when enabled: gather.rs).
     gather: std::sync::OnceLock<gather::Gather>,
+    /// The partial parity log (raid5 with md's PPL: parity_log.rs).
+    parity_log: Option<parity_log::ParityLog>,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -185,6 +189,7 @@ impl<M: Member + ?Sized> Array<M> {
             read_only: AtomicBool::new(false),
             quiesce: quiesce::Quiesce::default(),
             gather: std::sync::OnceLock::new(),
+            parity_log: None,
         })
     }
 
@@ -351,6 +356,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Makes every completed write durable on every live member.
     pub async fn flush(&self) -> Result<()> {
+        let flush_number = self.parity_log.as_ref().map(parity_log::ParityLog::flush_started);
         let live: Vec<usize> = (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
         let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> =
             (0..self.members.slots.len()).filter_map(|r| self.members.slots[r].replacement().map(|x| (r, x))).collect();
@@ -368,7 +374,11 @@ impl<M: Member + ?Sized> Array<M> {
                 self.replacement_failed(*role, x, &e).await;
             }
         }
-        self.check_survives("flush")
+        self.check_survives("flush")?;
+        if let (Some(log), Some(n)) = (&self.parity_log, flush_number) {
+            log.flush_done(n);
+        }
+        Ok(())
     }
 
     /// Orderly stop: flush, then record "clean" in the superblocks (or, when a resync

@@ -12,13 +12,15 @@
 use futures::future::join_all;
 
 use super::io::Piece;
+use super::parity_log::{Footprint, LogRequest, MAX_ENTRY_PP_BYTES, MAX_WAVE_ENTRIES, MAX_WAVE_PP_BYTES};
 use super::read_data::{ReadAssembler, ReadData};
-use super::stripe_plan::{Mode, StripeWrite, choose_mode, segments, stripe_writes};
+use super::stripe_plan::{Mode, Segment, StripeWrite, choose_mode, segments, stripe_writes};
 use super::{Array, MAX_IO_BYTES};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{ParityGeometry, StripeLayout};
+use crate::md::ppl::PplEntry;
 use crate::member::Member;
 use crate::parity::{self, BlockKind};
 
@@ -320,25 +322,65 @@ impl<M: Member + ?Sized> Array<M> {
             if read_failed {
                 continue;
             }
-            let mut member_writes: Vec<MemberWrite> = Vec::new();
+            let logging = self.parity_log.is_some();
+            // Per job: its member writes and, with a parity log, its entry.
+            let mut computed: Vec<(Vec<MemberWrite>, Option<LogRequest>)> = Vec::with_capacity(jobs.len());
             for job in jobs {
                 let write = &writes[job.write];
-                self.compute_job(job, write, &layouts, src, &mut member_writes);
+                let entry = logging.then(|| self.log_entry(&job, write.stripe, &layouts[job.write])).flatten();
+                let footprint = Footprint { stripe: write.stripe, written: job.written, rows: job.rows };
+                let mut member_writes = Vec::new();
+                let pp = self.compute_job(job, write, &layouts, src, &mut member_writes, entry.is_some());
+                let request = entry.zip(pp).map(|((role, mut entry), pp)| {
+                    entry.checksum = crate::md::ppl::ppl_checksum(pp.as_slice());
+                    LogRequest { role, entry, pp, footprint }
+                });
+                computed.push((member_writes, request));
             }
-            let runs = concat_runs(member_writes);
-            let results = join_all(
-                runs.into_iter()
-                    .map(|w| async move { (w.role, self.write_member(w.role, w.member_sector, w.buf, fua).await) }),
-            )
-            .await;
-            for (role, res) in results {
-                if let Err(e) = res {
-                    self.member_failed(role, &e, "write").await;
+            for wave in log_waves(computed) {
+                let ticket = match wave.requests.is_empty() {
+                    true => None,
+                    false => Some(self.log_partial_parity(wave.requests).await?),
+                };
+                let runs = concat_runs(wave.writes);
+                let results =
+                    join_all(runs.into_iter().map(|w| async move {
+                        (w.role, self.write_member(w.role, w.member_sector, w.buf, fua).await)
+                    }))
+                    .await;
+                for (role, res) in results {
+                    if let Err(e) = res {
+                        self.member_failed(role, &e, "write").await;
+                    }
                 }
+                drop(ticket); // the member writes are done
             }
             return self.check_survives("write");
         }
         Err(RaidError::new(ErrorKind::Io, "write: members kept failing"))
+    }
+
+    /// The parity log entry of a job (without its checksum), when the job writes P to a
+    /// writable member: md's PPL fields for the rows and data blocks it writes.
+    fn log_entry(&self, job: &Job, stripe: u64, layout: &StripeLayout) -> Option<(usize, PplEntry)> {
+        let pg = self.parity_geometry();
+        let (dd, chunk) = (pg.data_disks(), u64::from(pg.chunk_sectors()));
+        if !self.members.slots[layout.p_role].is_writable() {
+            return None;
+        }
+        let first = job.written.trailing_zeros() as u64;
+        let count = u64::from(job.written.count_ones());
+        debug_assert_eq!(job.written >> first, (1u64 << count) - 1, "written data blocks are consecutive");
+        let rows = job.sectors();
+        let full = count == dd as u64;
+        let entry = PplEntry {
+            data_sector: stripe * dd as u64 * chunk + first * chunk + u64::from(job.rows.0),
+            pp_size: if full { 0 } else { (rows * SECTOR_BYTES) as u32 },
+            data_size: (count * rows * SECTOR_BYTES) as u32,
+            parity_disk: layout.p_role as u32,
+            checksum: 0,
+        };
+        Some((layout.p_role, entry))
     }
 
     /// Chooses a mode and the reads for every written segment of every stripe, from the
@@ -356,7 +398,18 @@ impl<M: Member + ?Sized> Array<M> {
                     format!("write: {} has lost roles {:?}", pg.level(), self.failed_roles()),
                 ));
             }
-            for seg in segments(&w.blocks) {
+            let full_mask = (1u64 << dd) - 1;
+            let max_rows = if self.parity_log.is_some() { MAX_ENTRY_PP_BYTES as u64 / SECTOR_BYTES } else { u64::MAX };
+            let pieces = segments(&w.blocks).into_iter().flat_map(|seg| {
+                // A partial-parity entry holds at most MAX_ENTRY_PP_BYTES: longer rows split.
+                let step = if seg.written == full_mask { u64::MAX } else { max_rows };
+                let (lo, hi) = (u64::from(seg.rows.0), u64::from(seg.rows.1));
+                (lo..hi).step_by(step.min(hi - lo).max(1) as usize).map(move |r0| Segment {
+                    rows: (r0 as u32, r0.saturating_add(step).min(hi) as u32),
+                    written: seg.written,
+                })
+            });
+            for seg in pieces {
                 let member_sector = pg.stripe_member_sector(w.stripe) + u64::from(seg.rows.0);
                 let sectors = u64::from(seg.rows.1 - seg.rows.0);
                 let readable = |b: usize| self.members.slots[block_role(layout, b)].is_readable(member_sector, sectors);
@@ -401,7 +454,9 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(jobs)
     }
 
-    /// Computes the new blocks of one job and queues the member writes.
+    /// Computes the new blocks of one job and queues the member writes. With `want_pp`,
+    /// returns the job's partial parity (XOR of the data blocks it does not write) when it
+    /// writes P.
     fn compute_job(
         &self,
         mut job: Job,
@@ -409,7 +464,8 @@ impl<M: Member + ?Sized> Array<M> {
         layouts: &[StripeLayout],
         src: WriteSource<'_>,
         out: &mut Vec<MemberWrite>,
-    ) {
+        want_pp: bool,
+    ) -> Option<AlignedBuf> {
         let layout = &layouts[job.write];
         let np = self.parity_geometry().parity_disks();
         let dd = layout.data_roles.len();
@@ -432,8 +488,13 @@ impl<M: Member + ?Sized> Array<M> {
         };
         if job.mode == Mode::ReadModifyWrite {
             let parity_read: Vec<usize> = (dd..dd + np).filter(|&b| job.blocks[b].is_some()).collect();
+            // Partial parity = new P XOR the new data.
+            let mut new_xor = (want_pp && job.blocks[dd].is_some()).then(|| AlignedBuf::zeroed(len));
             for k in (0..dd).filter(|&k| written(k)) {
                 let new = new_data(k);
+                if let Some(x) = new_xor.as_mut() {
+                    parity::xor_into(x.as_mut_slice(), new.as_slice());
+                }
                 if !parity_read.is_empty() {
                     let old = job.blocks[k].take().expect("old data was read");
                     let BlockKind::Data { exponent } = kinds[k] else { unreachable!("data kind") };
@@ -452,10 +513,14 @@ impl<M: Member + ?Sized> Array<M> {
                 }
                 queue(k, new, out);
             }
+            let pp = new_xor.map(|mut x| {
+                parity::xor_into(x.as_mut_slice(), job.blocks[dd].as_ref().expect("P was read").as_slice());
+                x
+            });
             for b in parity_read {
                 queue(b, job.blocks[b].take().expect("parity was read"), out);
             }
-            return;
+            return pp;
         }
         if job.mode == Mode::Degraded {
             let missing: Vec<usize> = (0..dd + np).filter(|&b| job.blocks[b].is_none()).collect();
@@ -477,9 +542,18 @@ impl<M: Member + ?Sized> Array<M> {
                 job.blocks.iter_mut().map(|b| b.as_mut().expect("every block present").as_mut_slice()).collect();
             parity::compute_parity(&mut slices, &kinds);
         }
+        let pp = want_pp.then(|| {
+            let unwritten: Vec<usize> = (0..dd).filter(|&k| !written(k)).collect();
+            let mut pp = AlignedBuf::zeroed(if unwritten.is_empty() { 0 } else { len });
+            for k in unwritten {
+                parity::xor_into(pp.as_mut_slice(), job.blocks[k].as_ref().expect("computed").as_slice());
+            }
+            pp
+        });
         for b in (0..dd).filter(|&k| written(k)).chain(dd..dd + np) {
             queue(b, job.blocks[b].take().expect("computed"), out);
         }
+        pp
     }
 
     /// Zeroes `[start, start + sectors)`: whole stripes on every member (so parity, zero
@@ -566,4 +640,36 @@ fn concat_runs(mut writes: Vec<MemberWrite>) -> Vec<MemberWrite> {
             MemberWrite { role: run.role, member_sector: run.member_sector, buf: joined }
         })
         .collect()
+}
+
+/// Member writes that may go once their entries are durable.
+struct Wave {
+    requests: Vec<LogRequest>,
+    writes: Vec<MemberWrite>,
+}
+
+/// Groups jobs, in order, into waves whose entries fit one log write per log (a write larger
+/// than that logs and writes its stripes a wave at a time).
+fn log_waves(jobs: Vec<(Vec<MemberWrite>, Option<LogRequest>)>) -> Vec<Wave> {
+    let mut waves: Vec<Wave> = Vec::new();
+    // Per role in the current wave: (entries, partial parity bytes).
+    let mut used: std::collections::HashMap<usize, (usize, usize)> = Default::default();
+    for (writes, request) in jobs {
+        let fits = request.as_ref().is_none_or(|r| {
+            let (n, bytes) = used.get(&r.role).copied().unwrap_or((0, 0));
+            n < MAX_WAVE_ENTRIES && bytes + r.pp.len() <= MAX_WAVE_PP_BYTES
+        });
+        if waves.is_empty() || !fits {
+            waves.push(Wave { requests: Vec::new(), writes: Vec::new() });
+            used.clear();
+        }
+        let wave = waves.last_mut().expect("a wave");
+        if let Some(r) = request {
+            let u = used.entry(r.role).or_insert((0, 0));
+            *u = (u.0 + 1, u.1 + r.pp.len());
+            wave.requests.push(r);
+        }
+        wave.writes.extend(writes);
+    }
+    waves
 }

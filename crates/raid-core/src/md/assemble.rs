@@ -95,7 +95,7 @@ impl Assembly {
     /// rebuilding the missing member's data from it can return garbage (the write hole). The
     /// kernel refuses to start such an array unless told to (`start_dirty_degraded`).
     pub fn parity_untrusted(&self) -> bool {
-        self.dirty && self.degraded && self.metadata.level.parity_blocks() > 0
+        self.dirty && self.degraded && self.metadata.level.parity_blocks() > 0 && self.metadata.ppl_area().is_none()
     }
 }
 
@@ -334,7 +334,12 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
     metadata.members = member_candidates.iter().map(|&i| ArrayMetadata::member_from_superblock(sbs[i])).collect();
     let dirty = !fresh.is_clean();
     let degraded = !unavailable.is_empty();
-    if dirty && degraded && level.parity_blocks() > 0 {
+    if dirty && degraded && level.parity_blocks() > 0 && metadata.ppl_area().is_some() {
+        notices.push(format!(
+            "{array_name} is dirty and degraded: its partial parity log is replayed at start, which makes the \
+             parity of the stripes written around the crash right again"
+        ));
+    } else if dirty && degraded && level.parity_blocks() > 0 {
         notices.push(format!(
             "{array_name} is dirty and degraded: parity written around the crash may be wrong, so data rebuilt from \
              it may be too (md refuses to start such an array unless forced)"

@@ -34,10 +34,13 @@ use crate::geometry::{
     Geometry, Level, MAX_CHUNK_SECTORS, MAX_RAID_DISKS, MIN_CHUNK_SECTORS, ParityLayout, Raid0Layout, Raid10Layout,
 };
 
-use super::data_offset::{default_bblog, default_data_offset_sectors, default_max_dev};
+use super::data_offset::{
+    bblog_with_space, bitmap_space_sectors, data_offset_with_space, default_bblog, default_max_dev,
+};
 use super::dev_role::DevRole;
 use super::feature::FeatureMap;
 use super::metadata::{ArrayMetadata, MemberMetadata};
+use super::ppl::{PPL_AREA_SECTORS, PPL_OFFSET_SECTORS};
 use super::superblock::{MIN_DATA_SIZE, RESYNC_CLEAN, SUPER_OFFSET_1_2, TIME_SECS_MASK};
 use super::uuid::MdUuid;
 
@@ -62,6 +65,9 @@ pub struct CreateParams<'a> {
     pub uuid: Option<MdUuid>,
     /// Per slot (= role), the member's size in bytes; `None` = "missing".
     pub members_bytes: &'a [Option<u64>],
+    /// A partial parity log (mdadm `--consistency-policy=ppl`; raid5 only): 1 MiB after the
+    /// superblock, with the data offset and the bad-block log moved past it as mdadm does.
+    pub ppl: bool,
 }
 
 /// Builds the metadata of a new array.
@@ -103,7 +109,11 @@ pub fn create(
     // mdadm computes the data offset from the first member it validates and uses it for all.
     let first_sectors = slots.iter().flatten().next().map(|bytes| bytes / SECTOR_BYTES).expect("a present member");
     let chunk_kib = if level == Level::Raid1 { 0 } else { chunk_sectors / 2 };
-    let data_offset = default_data_offset_sectors(first_sectors, chunk_kib);
+    if params.ppl && level != Level::Raid5 {
+        return Err(fail("a partial parity log (ppl) is for raid5 only, as in md".into()));
+    }
+    let bm_space = if params.ppl { u64::from(PPL_AREA_SECTORS) } else { bitmap_space_sectors(first_sectors) };
+    let data_offset = data_offset_with_space(first_sectors, chunk_kib, bm_space);
 
     // Usable space per present slot, rounded as the component size will be.
     let mut data_sizes = vec![0u64; raid_disks];
@@ -158,7 +168,7 @@ pub fn create(
             continue;
         }
         dev_roles[slot] = DevRole::Active(slot as u16);
-        let bblog = default_bblog(data_offset, size);
+        let bblog = if params.ppl { bblog_with_space(data_offset, bm_space) } else { default_bblog(data_offset, size) };
         members.push(MemberMetadata {
             dev_number: slot as u32,
             device_uuid: random_uuid(),
@@ -176,7 +186,7 @@ pub fn create(
         });
     }
     let features = if level == Level::Raid0 { FeatureMap::RAID0_LAYOUT } else { FeatureMap::empty() };
-    Ok(ArrayMetadata {
+    let mut meta = ArrayMetadata {
         uuid,
         set_name,
         ctime: time,
@@ -197,7 +207,11 @@ pub fn create(
         new_chunk: 0,
         dev_roles,
         members,
-    })
+    };
+    if params.ppl {
+        meta.set_ppl_area(PPL_OFFSET_SECTORS, PPL_AREA_SECTORS);
+    }
+    Ok(meta)
 }
 
 /// mdadm's `set_name`: `homehost:name` when the name has no `:` and the whole fits in 31 bytes,

@@ -41,12 +41,18 @@ pub fn bitmap_space_sectors(sectors: u64) -> u64 {
 /// `24 + bitmap space + headroom`, rounded up to 1 MiB; the headroom starts at 128 MiB and is
 /// halved while it exceeds about 0.1 % of the device and half of it still covers two chunks.
 pub fn default_data_offset_sectors(device_sectors: u64, chunk_kib: u32) -> u64 {
+    data_offset_with_space(device_sectors, chunk_kib, bitmap_space_sectors(device_sectors))
+}
+
+/// [`default_data_offset_sectors`] with `bm_space_sectors` reserved after the superblock
+/// (mdadm reserves 2048, the PPL area, with `--consistency-policy=ppl`).
+pub fn data_offset_with_space(device_sectors: u64, chunk_kib: u32, bm_space_sectors: u64) -> u64 {
     let chunk_twice_sectors = u64::from(chunk_kib) * 2 * 2;
     let mut headroom = MAX_HEADROOM_SECTORS;
     while (headroom << 10) > device_sectors && (chunk_kib == 0 || headroom / 2 >= chunk_twice_sectors) {
         headroom >>= 1;
     }
-    (12 * 2 + bitmap_space_sectors(device_sectors) + headroom).next_multiple_of(ONE_MIB_SECTORS)
+    (12 * 2 + bm_space_sectors + headroom).next_multiple_of(ONE_MIB_SECTORS)
 }
 
 /// Bad-block log placement as `write_init_super1` writes it for a 1.2 member.
@@ -64,9 +70,13 @@ pub struct BblogPlacement {
 /// feature bit stays clear: mdadm clears it at create and the kernel sets it only once the list
 /// holds an entry.
 pub fn default_bblog(data_offset: u64, component_sectors: u64) -> Option<BblogPlacement> {
+    bblog_with_space(data_offset, bitmap_space_sectors(component_sectors))
+}
+
+/// [`default_bblog`] after `bm_space` sectors of bitmap (or PPL) room.
+pub fn bblog_with_space(data_offset: u64, bm_space: u64) -> Option<BblogPlacement> {
     let sb = SUPER_OFFSET_1_2;
     let bm_offset = BITMAP_OFFSET_SECTORS as u64;
-    let bm_space = bitmap_space_sectors(component_sectors);
     let bblog_offset = if data_offset >= sb + bm_offset + bm_space + u64::from(BBLOG_SECTORS) {
         bm_offset + bm_space
     } else if data_offset >= sb + 16 {

@@ -300,6 +300,20 @@ impl ArrayMetadata {
         self.features.contains(FeatureMap::BITMAP_OFFSET).then_some(self.bitmap_offset)
     }
 
+    /// md's PPL area: (sectors from the superblock, size in sectors), when the array has one.
+    /// It shares the superblock field of `bitmap_offset` (`ppl.offset`, `ppl.size`).
+    pub fn ppl_area(&self) -> Option<(i16, u16)> {
+        let raw = self.bitmap_offset as u32;
+        self.features.intersects(FeatureMap::ANY_PPL).then_some((raw as u16 as i16, (raw >> 16) as u16))
+    }
+
+    /// Gives the array a PPL area (mdadm `--consistency-policy=ppl`).
+    pub fn set_ppl_area(&mut self, offset_sectors: i16, size_sectors: u16) {
+        self.bitmap_offset = ((u32::from(size_sectors) << 16) | u32::from(offset_sectors as u16)) as i32;
+        self.features.remove(FeatureMap::BITMAP_OFFSET | FeatureMap::MULTIPLE_PPLS);
+        self.features.insert(FeatureMap::PPL);
+    }
+
     fn check_invariants(&self) {
         assert!(self.dev_roles.len() <= MAX_DEV as usize, "dev_roles has {} entries", self.dev_roles.len());
         debug_assert!(

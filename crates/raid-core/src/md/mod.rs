@@ -17,7 +17,7 @@
 //! ([`SUPERBLOCK_BYTE_OFFSET`], [`SUPERBLOCK_BYTES`] bytes).
 //!
 //! Compatibility stance: decode is as strict as the kernel and refuses what raidnbd does not
-//! implement (reshape, journal, PPL, clustering, metadata 1.0/1.1); create writes what mdadm 4.6
+//! implement (reshape, journal, clustering, metadata 1.0/1.1); create writes what mdadm 4.6
 //! would write (except: clean at create, see [`create()`]); assembly follows md's event-count rules.
 
 mod assemble;
@@ -28,6 +28,7 @@ mod data_offset;
 mod dev_role;
 mod feature;
 mod metadata;
+pub mod ppl;
 mod start;
 mod store;
 mod superblock;
@@ -38,8 +39,8 @@ pub use bitmap::{BITMAP_STALE, Bitmap, DEFAULT_BITMAP_CHUNK_BYTES};
 pub use checksum::{SB_CSUM_OFFSET, sb_checksum};
 pub use create::{CreateParams, DEFAULT_CHUNK_SECTORS, create};
 pub use data_offset::{
-    BBLOG_SECTORS, BITMAP_OFFSET_SECTORS, BblogPlacement, bitmap_space_sectors, default_bblog,
-    default_data_offset_sectors, default_max_dev,
+    BBLOG_SECTORS, BITMAP_OFFSET_SECTORS, BblogPlacement, bblog_with_space, bitmap_space_sectors,
+    data_offset_with_space, default_bblog, default_data_offset_sectors, default_max_dev,
 };
 pub use dev_role::{DevRole, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, ROLE_SPARE};
 pub use feature::FeatureMap;

@@ -7,19 +7,21 @@
 //!     ─► write intent from the bitmap, resync resumed where an unclean stop left it
 //! ```
 //!
-//! This is the one place that decides how an assembled array comes up; a parity-log replay
-//! belongs here too, before the array takes writes. The caller opens the members (files,
+//! This is the one place that decides how an assembled array comes up; with md's PPL the
+//! parity log is replayed here (after an unclean stop), before the array takes writes, and a
+//! dirty degraded raid5 then serves read-write. The caller opens the members (files,
 //! devices, remote exports) and serves the result.
 
 use std::sync::Arc;
 
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
-use crate::engine::{Array, Device, RoleMember};
+use crate::engine::{Array, Device, ParityLogConfig, RoleMember};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Geometry, Level};
+use crate::md::ppl::{PPL_HEADER_BYTES, ppl_signature};
 use crate::md::{
-    Assembly, BITMAP_STALE, Bitmap, DEVFLAG_WRITE_MOSTLY, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES,
+    Assembly, BITMAP_STALE, Bitmap, DEVFLAG_WRITE_MOSTLY, FeatureMap, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES,
 };
 use crate::member::Member;
 
@@ -62,6 +64,7 @@ pub async fn start<M: Member + ?Sized>(
     options: StartOptions,
 ) -> Result<Started<M>> {
     let mut forced_read_only = false;
+    let ppl = parity_log_config(assembly)?;
     if assembly.parity_untrusted() && !options.force && !options.read_only {
         tracing::warn!(
             "array {} was not shut down cleanly and is degraded: parity of stripes being written at the \
@@ -72,10 +75,50 @@ pub async fn start<M: Member + ?Sized>(
         forced_read_only = true;
     }
     let bitmap = read_bitmap(assembly, members).await;
-    let array = build(assembly, members, bitmap)?;
+    let mut array = build(assembly, members, bitmap)?;
+    if let Some(config) = ppl {
+        array = array.with_parity_log(config)?;
+        if !options.read_only {
+            let unclean = !assembly.metadata.is_clean();
+            let report = array.start_parity_log(unclean).await?;
+            if unclean {
+                tracing::info!(
+                    "unclean stop: partial parity log replayed ({} logs, {} entries, {} parity sectors rewritten; \
+                     {} torn, {} with a member missing, {} invalid)",
+                    report.logs,
+                    report.entries_replayed,
+                    report.parity_sectors,
+                    report.entries_torn,
+                    report.entries_degraded,
+                    report.entries_invalid
+                );
+            }
+        }
+    }
     // A read-only array writes nothing at all: no superblocks, no resync.
     array.set_read_only(options.read_only || forced_read_only);
     Ok(Started { array, forced_read_only })
+}
+
+/// The PPL area of an md array that has one, checked to lie between the superblock and the
+/// data on every member.
+fn parity_log_config(assembly: &Assembly) -> Result<Option<ParityLogConfig>> {
+    let meta = &assembly.metadata;
+    let Some((offset_sectors, size_sectors)) = meta.ppl_area() else { return Ok(None) };
+    let bad = |why: String| RaidError::new(ErrorKind::CannotAssemble, format!("array {}: PPL {why}", meta.name()));
+    if meta.level != Level::Raid5 {
+        return Err(bad(format!("on {} (md's PPL is raid5 only)", meta.level)));
+    }
+    let start = SUPERBLOCK_BYTE_OFFSET as i64 + i64::from(offset_sectors) * 512;
+    let len = u64::from(size_sectors) * SECTOR_BYTES;
+    let data_start = meta.members.iter().map(|m| m.data_offset).min().unwrap_or(0) * SECTOR_BYTES;
+    if start < (SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64) as i64 || start as u64 + len > data_start {
+        return Err(bad(format!("area at byte {start} of {len} bytes overlaps the superblock or the data")));
+    }
+    if len < (2 * PPL_HEADER_BYTES + (256 << 10)) as u64 {
+        return Err(bad(format!("area of {len} bytes is too small (raidnbd needs 264 KiB)")));
+    }
+    Ok(Some(ParityLogConfig { area_offset_bytes: start as u64, area_bytes: len, signature: ppl_signature(meta.uuid) }))
 }
 
 /// Reads the internal write-intent bitmap from the first member that has a valid one.
@@ -144,7 +187,14 @@ fn build<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>], bitmap: Op
             })
         })
         .collect();
-    let mut store = MdStore::new(meta.clone(), vec![true; meta.members.len()]);
+    let mut store_meta = meta.clone();
+    if store_meta.features.intersects(FeatureMap::ANY_PPL) {
+        // raidnbd appends headers in the area, as the kernel's "multiple PPLs" does, and
+        // says so the same way.
+        store_meta.features.remove(FeatureMap::PPL);
+        store_meta.features.insert(FeatureMap::MULTIPLE_PPLS);
+    }
+    let mut store = MdStore::new(store_meta, vec![true; meta.members.len()]);
     let mut intent = None;
     if let Some(bitmap) = bitmap {
         let chunks = bitmap.chunks();

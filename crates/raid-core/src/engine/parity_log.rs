@@ -1,0 +1,607 @@
+//! The partial parity log (md's PPL, raid5): what closes the write hole.
+//!
+//! Before the data and parity of a stripe are written, the stripe's *partial parity* (the
+//! XOR of the data it does not modify) goes, FUA, to the log area of the stripe's parity
+//! member. After a crash, replay recomputes each logged stripe's parity as partial parity
+//! XOR the modified data now on the members, so parity agrees with the data whatever part
+//! of the write landed, and a member lost afterwards is rebuilt right. Full-stripe writes
+//! log an entry without partial parity (parity is then recomputed from all data), as md.
+//! Format: [`crate::md::ppl`].
+//!
+//! Contract (one log per role, each a chain of headers in its area):
+//! - A stripe's member writes start only after an entry covering it is durable.
+//! - md replays only the newest header of a log, so every header repeats the entries still
+//!   *pending*: in flight, or completed but not yet durable on the members (a member flush
+//!   that starts after a write completed drops its entries). The newest header therefore
+//!   covers every stripe whose members may disagree; no two of its entries cover the same
+//!   rows of a stripe (see `check_room`).
+//! - Headers are appended; when the area is full the next one goes to its start, which is
+//!   allowed only while no pending entry was ever logged (a torn header at the start would
+//!   hide the older chain). Entries that wait for room make a member flush happen.
+//! - Bounded: at most [`PPL_MAX_ENTRIES`] entries and the area's size of partial parity per
+//!   log. A write enters the logs it needs in ascending role order and waits for room in
+//!   one log at a time, so waits cannot form a cycle (an entry waited for belongs to a
+//!   write that only waits on higher logs, or on member I/O).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use event_listener::Event;
+use futures::future::join_all;
+
+use super::Array;
+use crate::SECTOR_BYTES;
+use crate::buf::AlignedBuf;
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::md::ppl::{PPL_HEADER_BYTES, PPL_MAX_ENTRIES, PplEntry, PplHeader, newest_header, ppl_checksum};
+use crate::member::Member;
+
+/// Where each member's log lives and what its headers carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParityLogConfig {
+    /// Byte offset of the area on every member (md: superblock + `ppl.offset` sectors).
+    pub area_offset_bytes: u64,
+    pub area_bytes: u64,
+    /// md: CRC-32C of the array UUID.
+    pub signature: u32,
+}
+
+/// What replay at start found and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Logs with a valid newest header.
+    pub logs: usize,
+    pub entries_replayed: u64,
+    /// Entries whose partial parity does not match its checksum: a log write torn by the
+    /// crash, whose member writes therefore never started.
+    pub entries_torn: u64,
+    /// Entries with rows not replayed because a modified data member is missing (its data
+    /// was in flight: md does the same).
+    pub entries_degraded: u64,
+    /// Entries no writer makes (bad span, wrong parity member): the array then resyncs.
+    pub entries_invalid: u64,
+    /// Parity sectors rewritten.
+    pub parity_sectors: u64,
+}
+
+/// Counters for status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParityLogStats {
+    pub entries_logged: u64,
+    pub headers_written: u64,
+    /// Member flushes started because a log was full.
+    pub drains: u64,
+}
+
+/// Largest partial parity of one entry: longer segments are split (md logs 4 KiB rows).
+pub(crate) const MAX_ENTRY_PP_BYTES: usize = 128 << 10;
+/// Partial parity one write sends to one log in one wave (a write larger than that goes in
+/// waves).
+pub(crate) const MAX_WAVE_PP_BYTES: usize = 256 << 10;
+/// Entries one write sends to one log in one wave.
+pub(crate) const MAX_WAVE_ENTRIES: usize = 64;
+
+/// One entry a write asks to log.
+pub(crate) struct LogRequest {
+    pub role: usize,
+    pub entry: PplEntry,
+    pub pp: AlignedBuf,
+    pub footprint: Footprint,
+}
+
+/// What an entry's write changes in its stripe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Footprint {
+    pub stripe: u64,
+    /// Bit k: data block k is written.
+    pub written: u64,
+    pub rows: (u32, u32),
+}
+
+impl Footprint {
+    /// Whether both change rows of one stripe.
+    fn overlaps(&self, other: &Footprint) -> bool {
+        self.stripe == other.stripe && self.rows.0 < other.rows.1 && other.rows.0 < self.rows.1
+    }
+}
+
+struct Pending {
+    id: u64,
+    entry: PplEntry,
+    pp: AlignedBuf,
+    footprint: Footprint,
+    /// In a durable header.
+    logged: bool,
+    /// The write completed (member writes not yet flushed) when this many flushes had started.
+    done_at_flush: Option<u64>,
+}
+
+struct ChildLog {
+    entries: VecDeque<Pending>,
+    pp_bytes: usize,
+    /// Where the next header goes (bytes into the area); advanced when a header is sent.
+    next_offset: u64,
+    writing: bool,
+    next_id: u64,
+    /// Device the area belongs to (a new device gets its area cleared first).
+    device_id: Option<usize>,
+}
+
+pub(crate) struct ParityLog {
+    config: ParityLogConfig,
+    logs: Vec<Mutex<ChildLog>>,
+    changed: Event,
+    flushes_started: AtomicU64,
+    generation: AtomicU64,
+    entries_logged: AtomicU64,
+    headers_written: AtomicU64,
+    drains: AtomicU64,
+}
+
+impl ParityLog {
+    pub fn new(config: ParityLogConfig, roles: usize) -> Self {
+        assert!(config.area_bytes >= 2 * PPL_HEADER_BYTES as u64 + MAX_WAVE_PP_BYTES as u64, "PPL area too small");
+        let logs = (0..roles)
+            .map(|_| {
+                Mutex::new(ChildLog {
+                    entries: VecDeque::new(),
+                    pp_bytes: 0,
+                    next_offset: 0,
+                    writing: false,
+                    next_id: 0,
+                    device_id: None,
+                })
+            })
+            .collect();
+        Self {
+            config,
+            logs,
+            changed: Event::new(),
+            flushes_started: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            entries_logged: AtomicU64::new(0),
+            headers_written: AtomicU64::new(0),
+            drains: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self, role: usize) -> std::sync::MutexGuard<'_, ChildLog> {
+        self.logs[role].lock().expect("parity log lock")
+    }
+
+    pub fn stats(&self) -> ParityLogStats {
+        ParityLogStats {
+            entries_logged: self.entries_logged.load(Ordering::Relaxed),
+            headers_written: self.headers_written.load(Ordering::Relaxed),
+            drains: self.drains.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A member flush begins: returns its number for [`ParityLog::flush_done`].
+    pub fn flush_started(&self) -> u64 {
+        self.flushes_started.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Flush `number` made every write completed before it durable: drop their entries.
+    pub fn flush_done(&self, number: u64) {
+        for log in &self.logs {
+            let mut log = log.lock().expect("parity log lock");
+            let before = log.entries.len();
+            log.entries.retain(|e| e.done_at_flush.is_none_or(|c| c >= number));
+            if log.entries.len() != before {
+                log.pp_bytes = log.entries.iter().map(|e| e.pp.len()).sum();
+            }
+        }
+        self.changed.notify(usize::MAX);
+    }
+
+    /// A logged write finished (or gave up) its member writes: its entries stay until a
+    /// member flush, or go now if they were never logged.
+    fn complete(&self, role: usize, ids: &[u64]) {
+        let epoch = self.flushes_started.load(Ordering::Acquire);
+        let mut log = self.lock(role);
+        let mut removed = 0;
+        log.entries.retain_mut(|e| {
+            if !ids.contains(&e.id) {
+                return true;
+            }
+            // Never logged: its member writes never started (they wait for the header). A
+            // FUA write's entry stays too: an older entry of its stripe, still pending, is
+            // replayed with partial parity this write changed, and only this entry, replayed
+            // after it, puts the parity right.
+            if !e.logged {
+                removed += e.pp.len();
+                return false;
+            }
+            e.done_at_flush = Some(epoch);
+            true
+        });
+        log.pp_bytes -= removed;
+        drop(log);
+        self.changed.notify(usize::MAX);
+    }
+}
+
+/// Entries of one write; dropping it completes them (after the member writes).
+pub(crate) struct LogTicket<'a> {
+    log: &'a ParityLog,
+    ids: Vec<(usize, Vec<u64>)>,
+}
+
+impl Drop for LogTicket<'_> {
+    fn drop(&mut self) {
+        for (role, ids) in std::mem::take(&mut self.ids) {
+            self.log.complete(role, &ids);
+        }
+    }
+}
+
+/// Why a log cannot take entries now.
+enum Blocked {
+    /// Entries are done but not flushed: a member flush frees them.
+    NeedsFlush,
+    /// Wait for other writes to finish.
+    Wait,
+}
+
+impl ChildLog {
+    fn all_unlogged(&self) -> bool {
+        self.entries.iter().all(|e| !e.logged)
+    }
+
+    /// Whether a header holding every pending entry plus `add` can go in the area now.
+    ///
+    /// At most one pending entry covers a row of a stripe: a write to rows a pending entry
+    /// covers waits until that entry's data is durable (a member flush drops it). Else one
+    /// entry's partial parity would hold data the other writes: replayed last, the newer
+    /// one assumes the older one's data landed; the older one, once the newer cannot be
+    /// replayed (a member missing), brings back data the newer one overwrote. (md writes
+    /// a header only after the stripes of the one before are written and flushed.)
+    fn check_room(&self, area_bytes: u64, add: &[LogRequest]) -> Result<(), Blocked> {
+        let add_pp: usize = add.iter().map(|r| r.pp.len()).sum();
+        let unit = (PPL_HEADER_BYTES + self.pp_bytes + add_pp) as u64;
+        let room = self.entries.len() + add.len() <= PPL_MAX_ENTRIES && unit <= area_bytes;
+        let fits = self.next_offset + unit <= area_bytes || (!self.writing && self.all_unlogged());
+        let depends = add.iter().any(|r| self.entries.iter().any(|e| r.footprint.overlaps(&e.footprint)));
+        if room && fits && !depends {
+            return Ok(());
+        }
+        if self.entries.iter().any(|e| e.done_at_flush.is_some()) {
+            Err(Blocked::NeedsFlush)
+        } else {
+            Err(Blocked::Wait)
+        }
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// Logs the partial parity of the stripes a write is about to change and waits until it
+    /// is durable. The ticket completes the entries once the member writes are done.
+    pub(crate) async fn log_partial_parity(&self, mut requests: Vec<LogRequest>) -> Result<LogTicket<'_>> {
+        let log = self.parity_log.as_ref().expect("a parity log");
+        requests.sort_by_key(|r| r.role); // stable: a role's entries keep the write's order
+        let mut ticket = LogTicket { log, ids: Vec::new() };
+        let mut requests = requests.into_iter().peekable();
+        while let Some(first) = requests.next() {
+            let role = first.role;
+            let mut batch = vec![first];
+            while let Some(r) = requests.next_if(|r| r.role == role) {
+                batch.push(r);
+            }
+            let ids = self.enter_log(role, batch).await?;
+            ticket.ids.push((role, ids));
+        }
+        let commits = join_all(ticket.ids.iter().map(|(role, ids)| self.commit_log(*role, ids))).await;
+        commits.into_iter().collect::<Result<Vec<()>>>()?;
+        Ok(ticket)
+    }
+
+    /// Adds a write's entries to one log, waiting for room.
+    async fn enter_log(&self, role: usize, batch: Vec<LogRequest>) -> Result<Vec<u64>> {
+        let log = self.parity_log.as_ref().expect("a parity log");
+        debug_assert!(
+            batch.len() <= MAX_WAVE_ENTRIES && batch.iter().map(|r| r.pp.len()).sum::<usize>() <= MAX_WAVE_PP_BYTES,
+            "waves are bounded"
+        );
+        let mut batch = Some(batch);
+        loop {
+            let blocked = {
+                let mut child = log.lock(role);
+                match child.check_room(log.config.area_bytes, batch.as_deref().expect("entered once")) {
+                    Ok(()) => {
+                        let mut ids = Vec::new();
+                        for r in batch.take().expect("entered once") {
+                            let id = child.next_id;
+                            child.next_id += 1;
+                            child.pp_bytes += r.pp.len();
+                            child.entries.push_back(Pending {
+                                id,
+                                entry: r.entry,
+                                pp: r.pp,
+                                footprint: r.footprint,
+                                logged: false,
+                                done_at_flush: None,
+                            });
+                            ids.push(id);
+                        }
+                        return Ok(ids);
+                    }
+                    Err(b) => (b, log.changed.listen()),
+                }
+            };
+            match blocked {
+                (Blocked::NeedsFlush, _) => {
+                    log.drains.fetch_add(1, Ordering::Relaxed);
+                    self.flush().await?;
+                }
+                (Blocked::Wait, listener) => listener.await,
+            }
+        }
+    }
+
+    /// Waits until `ids` of `role`'s log are in a durable header, writing one if nobody is.
+    async fn commit_log(&self, role: usize, ids: &[u64]) -> Result<()> {
+        let log = self.parity_log.as_ref().expect("a parity log");
+        let area = log.config.area_bytes;
+        loop {
+            let (listener, unit) = {
+                let mut child = log.lock(role);
+                let mine_logged = child.entries.iter().filter(|e| ids.contains(&e.id)).all(|e| e.logged);
+                if mine_logged {
+                    return Ok(());
+                }
+                if child.writing {
+                    (log.changed.listen(), None)
+                } else {
+                    match child.check_room(area, &[]) {
+                        Err(Blocked::NeedsFlush) => (log.changed.listen(), Some(None)),
+                        Err(Blocked::Wait) => (log.changed.listen(), None),
+                        Ok(()) => {
+                            let unit = self.prepare_header(role, &mut child);
+                            (log.changed.listen(), Some(Some(unit)))
+                        }
+                    }
+                }
+            };
+            match unit {
+                None => listener.await,
+                Some(None) => {
+                    log.drains.fetch_add(1, Ordering::Relaxed);
+                    self.flush().await?;
+                }
+                Some(Some(unit)) => self.write_header(role, unit).await,
+            }
+        }
+    }
+
+    /// Builds the next header of `role`'s log from every pending entry and reserves its place.
+    fn prepare_header(&self, role: usize, child: &mut ChildLog) -> HeaderWrite {
+        let log = self.parity_log.as_ref().expect("a parity log");
+        let device_id = self.members.slots[role].device().map(|d| d.id);
+        let unit_bytes = PPL_HEADER_BYTES + child.pp_bytes;
+        // A device new to this role first gets its whole area cleared (no stale chain).
+        let fresh = device_id != child.device_id;
+        let offset = if fresh || child.next_offset + unit_bytes as u64 > log.config.area_bytes {
+            debug_assert!(fresh || child.all_unlogged(), "wrapping over logged entries");
+            0
+        } else {
+            child.next_offset
+        };
+        let generation = log.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let header = PplHeader {
+            signature: log.config.signature,
+            generation,
+            entries: child.entries.iter().map(|e| e.entry).collect(),
+        };
+        let len = if fresh { log.config.area_bytes as usize } else { unit_bytes };
+        let mut image = AlignedBuf::zeroed(len);
+        image.as_mut_slice()[..PPL_HEADER_BYTES].copy_from_slice(&header.encode());
+        let mut at = PPL_HEADER_BYTES;
+        for e in &child.entries {
+            image.as_mut_slice()[at..at + e.pp.len()].copy_from_slice(e.pp.as_slice());
+            at += e.pp.len();
+        }
+        child.writing = true;
+        child.next_offset = offset + unit_bytes as u64;
+        child.device_id = device_id;
+        HeaderWrite { ids: child.entries.iter().map(|e| e.id).collect(), offset, image }
+    }
+
+    /// Writes a prepared header (FUA) and marks its entries logged. A failed write fails the
+    /// member; its entries need no protection then (the parity they protect is gone).
+    async fn write_header(&self, role: usize, unit: HeaderWrite) {
+        let log = self.parity_log.as_ref().expect("a parity log");
+        let slot = &self.members.slots[role];
+        let result = match slot.device() {
+            Some(d) if slot.is_writable() => {
+                d.member.write_at(log.config.area_offset_bytes + unit.offset, unit.image, true).await.0
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = &result {
+            self.member_failed(role, e, "parity log write").await;
+        }
+        log.headers_written.fetch_add(1, Ordering::Relaxed);
+        log.entries_logged.fetch_add(unit.ids.len() as u64, Ordering::Relaxed);
+        let mut child = log.lock(role);
+        for e in child.entries.iter_mut().filter(|e| unit.ids.contains(&e.id)) {
+            e.logged = true;
+        }
+        child.writing = false;
+        drop(child);
+        log.changed.notify(usize::MAX);
+    }
+
+    /// Parity log counters (`None` without a log).
+    pub fn parity_log_stats(&self) -> Option<ParityLogStats> {
+        self.parity_log.as_ref().map(ParityLog::stats)
+    }
+
+    /// Enables the partial parity log (raid5). Call [`Array::start_parity_log`] before writes.
+    pub fn with_parity_log(mut self, config: ParityLogConfig) -> Result<Self> {
+        if self.geometry.level() != crate::geometry::Level::Raid5 {
+            return Err(RaidError::new(
+                ErrorKind::CannotAssemble,
+                format!("a partial parity log is for raid5 (as md's PPL), not {}", self.geometry.level()),
+            ));
+        }
+        self.parity_log = Some(ParityLog::new(config, self.members.slots.len()));
+        Ok(self)
+    }
+
+    /// At start: after an unclean stop, replays every member's newest header (parity of each
+    /// logged stripe := partial parity XOR its modified data); then clears every log area and
+    /// writes an empty header, as md does. When the replay covered everything the array is
+    /// in sync: no resync follows.
+    pub async fn start_parity_log(&self, unclean: bool) -> Result<ReplayReport> {
+        let Some(log) = &self.parity_log else { return Ok(ReplayReport::default()) };
+        let mut report = ReplayReport::default();
+        let roles: Vec<usize> =
+            (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
+        let mut max_generation = 0;
+        for &role in &roles {
+            let member = self.members.slots[role].member();
+            let (res, area) =
+                member.read_at(log.config.area_offset_bytes, AlignedBuf::zeroed(log.config.area_bytes as usize)).await;
+            res.map_err(|e| RaidError::io(format!("{}: cannot read the parity log", member.name()), e))?;
+            let Some((at, header)) = newest_header(area.as_slice(), log.config.signature) else {
+                tracing::warn!(role, member = member.name(), "no valid parity log header");
+                continue;
+            };
+            report.logs += 1;
+            max_generation = max_generation.max(header.generation);
+            if unclean {
+                self.replay_header(role, &header, &area.as_slice()[at + PPL_HEADER_BYTES..], &mut report).await?;
+            }
+        }
+        if unclean {
+            self.flush().await?;
+        }
+        log.generation.fetch_max(max_generation, Ordering::AcqRel);
+        // Empty headers over cleared areas (a stale chain must not follow a new header).
+        let generation = log.generation.load(Ordering::Acquire);
+        let empty = PplHeader { signature: log.config.signature, generation, entries: Vec::new() }.encode();
+        let results = join_all(roles.iter().map(|&role| {
+            let mut image = AlignedBuf::zeroed(log.config.area_bytes as usize);
+            image.as_mut_slice()[..PPL_HEADER_BYTES].copy_from_slice(&empty);
+            let member = self.members.slots[role].member();
+            async move { (role, member.write_at(log.config.area_offset_bytes, image, true).await.0) }
+        }))
+        .await;
+        for (role, res) in results {
+            match res {
+                Ok(()) => {
+                    let mut child = log.lock(role);
+                    child.next_offset = PPL_HEADER_BYTES as u64;
+                    child.device_id = self.members.slots[role].device().map(|d| d.id);
+                }
+                Err(e) => self.member_failed(role, &e, "parity log reset").await,
+            }
+        }
+        self.check_survives("parity log start")?;
+        if unclean && report.entries_invalid == 0 && report.logs == roles.len() {
+            self.mark_resynced();
+        }
+        Ok(report)
+    }
+
+    /// Replays one header's entries on the parity member `role`, in order.
+    async fn replay_header(
+        &self,
+        role: usize,
+        header: &PplHeader,
+        pp_area: &[u8],
+        report: &mut ReplayReport,
+    ) -> Result<()> {
+        let pg = self.geometry.parity().expect("raid5 has parity");
+        let chunk = u64::from(pg.chunk_sectors());
+        let dd = pg.data_disks() as u64;
+        let mut pp_at = 0usize;
+        for e in &header.entries {
+            let pp_len = e.pp_size as usize;
+            let pp = pp_area.get(pp_at..pp_at + pp_len);
+            pp_at += pp_len;
+            let span = e.span(chunk, dd).filter(|s| s.end_sector <= self.geometry.array_sectors());
+            let (Some(pp), Some(span)) = (pp, span) else {
+                report.entries_invalid += 1;
+                continue;
+            };
+            if e.parity_disk as usize != role {
+                report.entries_invalid += 1;
+                continue;
+            }
+            if ppl_checksum(pp) != e.checksum {
+                report.entries_torn += 1;
+                continue;
+            }
+            let mut parity = vec![0u8; (span.rows * SECTOR_BYTES) as usize];
+            let mut row_ok = vec![true; span.rows as usize];
+            for disk in 0..span.data_disks {
+                let start = span.first_sector + disk * chunk;
+                let rows = span.rows.min(span.end_sector.saturating_sub(start));
+                let mut row = 0;
+                while row < rows {
+                    let mapped = self.geometry.map(start + row);
+                    let n = mapped.len_sectors.min(rows - row);
+                    let copy = mapped.copies[0];
+                    if !self.members.slots[copy.role].is_readable(copy.member_sector, n) {
+                        row_ok[row as usize..(row + n) as usize].fill(false);
+                    } else {
+                        let buf = self.read_member(copy.role, copy.member_sector, n).await.map_err(|err| {
+                            RaidError::io(format!("parity log replay: cannot read role {}", copy.role), err)
+                        })?;
+                        let at = (row * SECTOR_BYTES) as usize;
+                        crate::parity::xor_into(&mut parity[at..at + buf.len()], buf.as_slice());
+                    }
+                    row += n;
+                }
+            }
+            if !pp.is_empty() {
+                let n = parity.len().min(pp.len());
+                crate::parity::xor_into(&mut parity[..n], &pp[..n]);
+            }
+            if row_ok.iter().any(|ok| !ok) {
+                report.entries_degraded += 1;
+            }
+            // Parity of each row, in runs of rows that are replayable and contiguous on the member.
+            let mut row = 0u64;
+            while row < span.rows {
+                if !row_ok[row as usize] {
+                    row += 1;
+                    continue;
+                }
+                let (stripe, _, r) = pg.locate(span.first_sector + row);
+                let layout = pg.stripe(stripe);
+                let member_sector = pg.stripe_member_sector(stripe) + u64::from(r);
+                let mut n = 1;
+                while row + n < span.rows
+                    && row_ok[(row + n) as usize]
+                    && pg.locate(span.first_sector + row + n).0 == stripe
+                {
+                    n += 1;
+                }
+                if layout.p_role != role {
+                    report.entries_invalid += 1;
+                    break;
+                }
+                let at = (row * SECTOR_BYTES) as usize;
+                let buf = AlignedBuf::from_slice(&parity[at..at + (n * SECTOR_BYTES) as usize]);
+                self.write_member(role, member_sector, buf, false)
+                    .await
+                    .map_err(|err| RaidError::io("parity log replay: cannot write parity", err))?;
+                report.parity_sectors += n;
+                row += n;
+            }
+            report.entries_replayed += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A header ready to be written.
+struct HeaderWrite {
+    ids: Vec<u64>,
+    offset: u64,
+    image: AlignedBuf,
+}
