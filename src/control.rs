@@ -305,6 +305,11 @@ fn status(export: &ControlledExport) -> Value {
         "last_recovery": tally(maintenance.last_recovery),
         "links": links,
         "gathered_writes": array.gathered_writes(),
+        "parity_log": array.parity_log_stats().map(|l| json!({
+            "entries_logged": l.entries_logged,
+            "headers_written": l.headers_written,
+            "drains": l.drains,
+        })),
         "resync_pending": maintenance.resync_pending,
         "mismatch_cnt": maintenance.mismatch_sectors,
         "last_check": maintenance.last_scrub.map(|(w, c)| json!({"kind": w.name(), "mismatch_cnt": c.mismatch_sectors})),

@@ -117,7 +117,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         _ => choose_bitmap(&args, policy, &geometry, &mut meta, &members_bytes)?,
     };
     let ppl_header = meta.ppl_area().map(|(offset_sectors, _)| {
-        let empty = PplHeader { signature: ppl_signature(meta.uuid), generation: 0, entries: Vec::new() };
+        let empty = PplHeader { signature: ppl_signature(meta.uuid.0), generation: 0, entries: Vec::new() };
         (SUPERBLOCK_BYTE_OFFSET as i64 + i64::from(offset_sectors) * 512, empty.encode())
     });
     mark_write_mostly(&args, &mut meta)?;

@@ -82,6 +82,10 @@ pub struct BenchArgs {
     /// [default: serve's].
     #[arg(long, value_name = "MICROSECONDS")]
     pub write_gather_us: Option<u64>,
+    /// Passed to `create --consistency-policy` for the RAID5 arrays (ppl, bitmap, resync)
+    /// [default: create's: ppl].
+    #[arg(long, value_name = "POLICY")]
+    pub consistency_policy: Option<String>,
     /// Serve every member from its own nbdkit (file plugin on 127.0.0.1 TCP) and build the
     /// arrays over their nbd:// URIs: network RAID, members on "other hosts".
     #[arg(long)]

@@ -184,6 +184,7 @@ fn settings(plan: &Plan, workspace: &Workspace) -> Settings {
         cache_bytes: plan.cache_bytes,
         rounds: plan.rounds,
         write_gather_us: plan.write_gather_us,
+        consistency_policy: plan.consistency_policy.clone(),
     }
 }
 
@@ -241,8 +242,7 @@ fn measure_array(
 ) -> Result<()> {
     check_interrupted()?;
     let array = &plan.arrays[array_index];
-    let members =
-        server::create_array(array, workspace, &plan.devices, plan.member_bytes, plan.keep, plan.remote.as_ref())?;
+    let members = server::create_array(array, workspace, plan, plan.remote.as_ref())?;
     let mut filled = !plan.fill;
     for &cache in &plan.caches {
         check_interrupted()?;

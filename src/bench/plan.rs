@@ -104,6 +104,8 @@ pub struct Plan {
     /// Members served by nbdkit, reached over NBD.
     pub remote: Option<RemoteMembers>,
     pub write_gather_us: Option<u64>,
+    /// `create --consistency-policy` for RAID5 arrays (`None`: create's default).
+    pub consistency_policy: Option<String>,
     pub preset: Option<&'static super::preset::Preset>,
 }
 
@@ -260,6 +262,7 @@ impl Plan {
                 delay: args.remote_delay,
             }),
             write_gather_us: args.write_gather_us,
+            consistency_policy: args.consistency_policy.clone(),
             preset: None,
         })
     }

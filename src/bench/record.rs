@@ -182,6 +182,9 @@ pub struct Settings {
     pub rounds: usize,
     /// `serve --write-gather-us` (`None`: serve's default).
     pub write_gather_us: Option<u64>,
+    /// `create --consistency-policy` of the RAID5 arrays (`None`: create's default, ppl).
+    #[serde(default)]
+    pub consistency_policy: Option<String>,
 }
 
 /// Everything, as written to results.json.

@@ -198,6 +198,10 @@ fn setup_lines(report: &BenchReport) -> Vec<String> {
         if s.buffered { ", buffered" } else { ", O_DIRECT where the filesystem allows" },
     ));
     lines.push(format!(
+        "- RAID5 consistency policy: {}",
+        s.consistency_policy.as_deref().unwrap_or("create's default (ppl: partial parity log)")
+    ));
+    lines.push(format!(
         "- RAID4/5/6 full-stripe gathering: {}",
         match s.write_gather_us {
             None => "serve's default window".to_string(),

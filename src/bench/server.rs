@@ -141,13 +141,15 @@ fn start_nbdkit(file: &Path, remote: &RemoteMembers, log: &Path) -> Result<(Chil
 pub fn create_array(
     array: &ArraySpec,
     workspace: &Workspace,
-    devices: &[String],
-    member_bytes: u64,
-    keep: bool,
+    plan: &super::plan::Plan,
     remote: Option<&RemoteMembers>,
 ) -> Result<Members> {
+    let (devices, member_bytes, keep) = (&plan.devices, plan.member_bytes, plan.keep);
     let mut args: Vec<String> = vec!["create".into()];
     args.extend(array.create_args());
+    if let (Some(policy), Some(raid_core::geometry::Level::Raid5)) = (&plan.consistency_policy, array.level) {
+        args.extend(["--consistency-policy".into(), policy.clone()]);
+    }
     args.extend(["--name".into(), EXPORT.into()]);
     let mut members =
         Members { paths: Vec::new(), array_bytes: None, files: Vec::new(), files_dir: None, peers: Vec::new(), keep };

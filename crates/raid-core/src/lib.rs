@@ -31,6 +31,7 @@ pub mod geometry;
 pub mod md;
 pub mod member;
 pub mod parity;
+pub mod ppl;
 pub mod volume;
 pub mod write_cache;
 

@@ -57,13 +57,13 @@ mod md_ppl {
         assert_eq!(meta.ppl_area(), Some((8, 2048)));
         assert_eq!((ours.data_offset, ours.data_size, ours.size), (theirs.data_offset, theirs.data_size, theirs.size));
         assert_eq!((ours.bblog_offset, ours.bblog_size), (theirs.bblog_offset, theirs.bblog_size));
-        let empty = PplHeader { signature: ppl_signature(uuid()), generation: 0, entries: Vec::new() }.encode();
+        let empty = PplHeader { signature: ppl_signature(uuid().0), generation: 0, entries: Vec::new() }.encode();
         assert_eq!(&kernel[AREA_AT..AREA_AT + PPL_HEADER_BYTES], &empty[..], "the kernel's empty header");
     }
 
     #[test]
     fn the_kernels_headers_decode_with_their_partial_parity() {
-        let sig = ppl_signature(uuid());
+        let sig = ppl_signature(uuid().0);
         // (member, newest header offset, generation, entries) as the kernel left them.
         for (m, at, generation, entries) in [(0, 0, 0, 0), (1, 16384, 9, 2), (2, 49152, 4, 1), (3, 8192, 8, 1)] {
             let mut head = fixture(&format!("ppl5-written-m{m}.bin"));
@@ -154,7 +154,7 @@ mod md_ppl {
             MdUuid([n; 16])
         })
         .unwrap();
-        let empty = PplHeader { signature: ppl_signature(meta.uuid), generation: 0, entries: Vec::new() }.encode();
+        let empty = PplHeader { signature: ppl_signature(meta.uuid.0), generation: 0, entries: Vec::new() }.encode();
         (0..4)
             .map(|i| {
                 let m = Arc::new(MemoryMember::new(format!("m{i}"), 8 << 20));

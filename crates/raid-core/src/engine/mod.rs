@@ -53,7 +53,7 @@ pub use gather::Timer;
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
-pub use parity_log::{ParityLogConfig, ParityLogStats, ReplayReport};
+pub use parity_log::{MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, ParityLogStats, ReplayReport};
 pub use read_data::{FileExtent, ReadData, Segment};
 pub use scrub::ScrubCounts;
 pub use slot::{Device, RoleMember, SlotState};

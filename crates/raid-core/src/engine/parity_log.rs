@@ -6,7 +6,7 @@
 //! XOR the modified data now on the members, so parity agrees with the data whatever part
 //! of the write landed, and a member lost afterwards is rebuilt right. Full-stripe writes
 //! log an entry without partial parity (parity is then recomputed from all data), as md.
-//! Format: [`crate::md::ppl`].
+//! Format: [`crate::ppl`].
 //!
 //! Contract (one log per role, each a chain of headers in its area):
 //! - A stripe's member writes start only after an entry covering it is durable.
@@ -18,10 +18,11 @@
 //! - Headers are appended; when the area is full the next one goes to its start, which is
 //!   allowed only while no pending entry was ever logged (a torn header at the start would
 //!   hide the older chain). Entries that wait for room make a member flush happen.
-//! - Bounded: at most [`PPL_MAX_ENTRIES`] entries and the area's size of partial parity per
-//!   log. A write enters the logs it needs in ascending role order and waits for room in
-//!   one log at a time, so waits cannot form a cycle (an entry waited for belongs to a
-//!   write that only waits on higher logs, or on member I/O).
+//! - Bounded: at most 64 pending entries and 256 KiB of partial parity per log (one header
+//!   holds them all). A write enters the logs it needs in ascending role order and waits
+//!   for room in one log at a time; once in, it waits only for header writes and member
+//!   I/O. So waits cannot form a cycle: an entry waited for belongs to a write that waits
+//!   only on higher logs, on a header write, or on member I/O.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -34,8 +35,8 @@ use super::Array;
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
-use crate::md::ppl::{PPL_HEADER_BYTES, PPL_MAX_ENTRIES, PplEntry, PplHeader, newest_header, ppl_checksum};
 use crate::member::Member;
+use crate::ppl::{PPL_HEADER_BYTES, PplEntry, PplHeader, newest_header, ppl_checksum};
 
 /// Where each member's log lives and what its headers carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,7 @@ pub struct ReplayReport {
 /// Counters for status.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ParityLogStats {
+    /// Entries logged (each counted once, however many headers repeated it).
     pub entries_logged: u64,
     pub headers_written: u64,
     /// Member flushes started because a log was full.
@@ -78,9 +80,15 @@ pub struct ParityLogStats {
 pub(crate) const MAX_ENTRY_PP_BYTES: usize = 128 << 10;
 /// Partial parity one write sends to one log in one wave (a write larger than that goes in
 /// waves).
-pub(crate) const MAX_WAVE_PP_BYTES: usize = 256 << 10;
+pub(crate) const MAX_WAVE_PP_BYTES: usize = 128 << 10;
 /// Entries one write sends to one log in one wave.
-pub(crate) const MAX_WAVE_ENTRIES: usize = 64;
+pub(crate) const MAX_WAVE_ENTRIES: usize = 32;
+/// Pending entries of one log, and their partial parity: a header repeats all of them, so
+/// this bounds its size (and makes a member flush drop the completed ones when reached).
+const MAX_PENDING_ENTRIES: usize = 64;
+const MAX_PENDING_PP_BYTES: usize = 256 << 10;
+/// The smallest area: one header with the most pending partial parity.
+pub const MIN_PARITY_LOG_AREA_BYTES: u64 = (PPL_HEADER_BYTES + MAX_PENDING_PP_BYTES) as u64;
 
 /// One entry a write asks to log.
 pub(crate) struct LogRequest {
@@ -119,6 +127,10 @@ struct Pending {
 
 struct ChildLog {
     entries: VecDeque<Pending>,
+    /// Writes reading their stripes now that will log here next: a header waits for them
+    /// (their reads end on their own), so one header carries more entries. Under load a
+    /// header costs a member I/O per batch; without concurrent writes nobody waits.
+    expected: usize,
     pp_bytes: usize,
     /// Where the next header goes (bytes into the area); advanced when a header is sent.
     next_offset: u64,
@@ -141,11 +153,12 @@ pub(crate) struct ParityLog {
 
 impl ParityLog {
     pub fn new(config: ParityLogConfig, roles: usize) -> Self {
-        assert!(config.area_bytes >= 2 * PPL_HEADER_BYTES as u64 + MAX_WAVE_PP_BYTES as u64, "PPL area too small");
+        assert!(config.area_bytes >= MIN_PARITY_LOG_AREA_BYTES, "PPL area too small");
         let logs = (0..roles)
             .map(|_| {
                 Mutex::new(ChildLog {
                     entries: VecDeque::new(),
+                    expected: 0,
                     pp_bytes: 0,
                     next_offset: 0,
                     writing: false,
@@ -223,6 +236,31 @@ impl ParityLog {
     }
 }
 
+/// Writes about to log (reading their stripes), by role; released on drop.
+pub(crate) struct Expected<'a> {
+    log: &'a ParityLog,
+    roles: Vec<usize>,
+}
+
+impl ParityLog {
+    /// Announces that a write will log on `roles` once its reads are done.
+    pub fn expect(&self, roles: Vec<usize>) -> Expected<'_> {
+        for &r in &roles {
+            self.lock(r).expected += 1;
+        }
+        Expected { log: self, roles }
+    }
+}
+
+impl Drop for Expected<'_> {
+    fn drop(&mut self) {
+        for &r in &self.roles {
+            self.log.lock(r).expected -= 1;
+        }
+        self.log.changed.notify(usize::MAX);
+    }
+}
+
 /// Entries of one write; dropping it completes them (after the member writes).
 pub(crate) struct LogTicket<'a> {
     log: &'a ParityLog,
@@ -258,10 +296,15 @@ impl ChildLog {
     /// one assumes the older one's data landed; the older one, once the newer cannot be
     /// replayed (a member missing), brings back data the newer one overwrote. (md writes
     /// a header only after the stripes of the one before are written and flushed.)
+    ///
+    /// Where the next header goes is settled here too, so that a commit never waits for
+    /// other writes: it fits after the last one, or (no pending entry logged yet) at the
+    /// start of the area.
     fn check_room(&self, area_bytes: u64, add: &[LogRequest]) -> Result<(), Blocked> {
         let add_pp: usize = add.iter().map(|r| r.pp.len()).sum();
         let unit = (PPL_HEADER_BYTES + self.pp_bytes + add_pp) as u64;
-        let room = self.entries.len() + add.len() <= PPL_MAX_ENTRIES && unit <= area_bytes;
+        let room =
+            self.entries.len() + add.len() <= MAX_PENDING_ENTRIES && self.pp_bytes + add_pp <= MAX_PENDING_PP_BYTES;
         let fits = self.next_offset + unit <= area_bytes || (!self.writing && self.all_unlogged());
         let depends = add.iter().any(|r| self.entries.iter().any(|e| r.footprint.overlaps(&e.footprint)));
         if room && fits && !depends {
@@ -278,8 +321,14 @@ impl ChildLog {
 impl<M: Member + ?Sized> Array<M> {
     /// Logs the partial parity of the stripes a write is about to change and waits until it
     /// is durable. The ticket completes the entries once the member writes are done.
-    pub(crate) async fn log_partial_parity(&self, mut requests: Vec<LogRequest>) -> Result<LogTicket<'_>> {
+    pub(crate) async fn log_partial_parity(
+        &self,
+        mut requests: Vec<LogRequest>,
+        expected: &mut Option<Expected<'_>>,
+    ) -> Result<LogTicket<'_>> {
         let log = self.parity_log.as_ref().expect("a parity log");
+        // Entering now: no header waits for this write any more.
+        drop(expected.take());
         requests.sort_by_key(|r| r.role); // stable: a role's entries keep the write's order
         let mut ticket = LogTicket { log, ids: Vec::new() };
         let mut requests = requests.into_iter().peekable();
@@ -292,8 +341,7 @@ impl<M: Member + ?Sized> Array<M> {
             let ids = self.enter_log(role, batch).await?;
             ticket.ids.push((role, ids));
         }
-        let commits = join_all(ticket.ids.iter().map(|(role, ids)| self.commit_log(*role, ids))).await;
-        commits.into_iter().collect::<Result<Vec<()>>>()?;
+        join_all(ticket.ids.iter().map(|(role, ids)| self.commit_log(*role, ids))).await;
         Ok(ticket)
     }
 
@@ -341,36 +389,23 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Waits until `ids` of `role`'s log are in a durable header, writing one if nobody is.
-    async fn commit_log(&self, role: usize, ids: &[u64]) -> Result<()> {
+    /// Waits only for header writes and for the reads of writes that announced themselves
+    /// (never for writes that wait: see `check_room`, `Expected`).
+    async fn commit_log(&self, role: usize, ids: &[u64]) {
         let log = self.parity_log.as_ref().expect("a parity log");
-        let area = log.config.area_bytes;
         loop {
             let (listener, unit) = {
                 let mut child = log.lock(role);
                 let mine_logged = child.entries.iter().filter(|e| ids.contains(&e.id)).all(|e| e.logged);
                 if mine_logged {
-                    return Ok(());
+                    return;
                 }
-                if child.writing {
-                    (log.changed.listen(), None)
-                } else {
-                    match child.check_room(area, &[]) {
-                        Err(Blocked::NeedsFlush) => (log.changed.listen(), Some(None)),
-                        Err(Blocked::Wait) => (log.changed.listen(), None),
-                        Ok(()) => {
-                            let unit = self.prepare_header(role, &mut child);
-                            (log.changed.listen(), Some(Some(unit)))
-                        }
-                    }
-                }
+                let unit = (!child.writing && child.expected == 0).then(|| self.prepare_header(role, &mut child));
+                (log.changed.listen(), unit)
             };
             match unit {
                 None => listener.await,
-                Some(None) => {
-                    log.drains.fetch_add(1, Ordering::Relaxed);
-                    self.flush().await?;
-                }
-                Some(Some(unit)) => self.write_header(role, unit).await,
+                Some(unit) => self.write_header(role, unit).await,
             }
         }
     }
@@ -383,7 +418,7 @@ impl<M: Member + ?Sized> Array<M> {
         // A device new to this role first gets its whole area cleared (no stale chain).
         let fresh = device_id != child.device_id;
         let offset = if fresh || child.next_offset + unit_bytes as u64 > log.config.area_bytes {
-            debug_assert!(fresh || child.all_unlogged(), "wrapping over logged entries");
+            assert!(fresh || child.all_unlogged(), "wrapping over logged entries (check_room settles the place)");
             0
         } else {
             child.next_offset
@@ -423,11 +458,13 @@ impl<M: Member + ?Sized> Array<M> {
             self.member_failed(role, e, "parity log write").await;
         }
         log.headers_written.fetch_add(1, Ordering::Relaxed);
-        log.entries_logged.fetch_add(unit.ids.len() as u64, Ordering::Relaxed);
         let mut child = log.lock(role);
+        let mut first_time = 0;
         for e in child.entries.iter_mut().filter(|e| unit.ids.contains(&e.id)) {
+            first_time += u64::from(!e.logged);
             e.logged = true;
         }
+        log.entries_logged.fetch_add(first_time, Ordering::Relaxed);
         child.writing = false;
         drop(child);
         log.changed.notify(usize::MAX);
@@ -444,6 +481,18 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(RaidError::new(
                 ErrorKind::CannotAssemble,
                 format!("a partial parity log is for raid5 (as md's PPL), not {}", self.geometry.level()),
+            ));
+        }
+        let pg = self.geometry.parity().expect("raid5 has parity");
+        let stripe_data_bytes = pg.stripe_data_sectors() * SECTOR_BYTES;
+        if self.members.slots.len() > 64 || stripe_data_bytes > u64::from(u32::MAX) {
+            return Err(RaidError::new(
+                ErrorKind::CannotAssemble,
+                format!(
+                    "a partial parity log takes at most 64 members and stripes under 4 GiB (md's limits); this \
+                     array has {} members and {stripe_data_bytes}-byte stripes",
+                    self.members.slots.len()
+                ),
             ));
         }
         self.parity_log = Some(ParityLog::new(config, self.members.slots.len()));

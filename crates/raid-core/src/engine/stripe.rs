@@ -20,9 +20,9 @@ use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{ParityGeometry, StripeLayout};
-use crate::md::ppl::PplEntry;
 use crate::member::Member;
 use crate::parity::{self, BlockKind};
+use crate::ppl::PplEntry;
 
 /// Where the new data of a write comes from.
 #[derive(Clone, Copy)]
@@ -299,6 +299,14 @@ impl<M: Member + ?Sized> Array<M> {
             self.intent_begin(pg.stripe_member_sector(first.stripe)..pg.stripe_member_sector(last.stripe + 1)).await?;
         for _attempt in 0..=self.members.slots.len() {
             let mut jobs = self.plan_jobs(writes, &layouts)?;
+            // Headers of the logs this write will use wait for its reads (bigger batches).
+            let mut expected = self.parity_log.as_ref().map(|log| {
+                let mut roles: Vec<usize> = jobs.iter().map(|j| layouts[j.write].p_role).collect();
+                roles.sort_unstable();
+                roles.dedup();
+                roles.retain(|&r| self.members.slots[r].is_writable());
+                log.expect(roles)
+            });
             let layouts_ref = &layouts;
             let reads: Vec<(usize, usize, usize)> = jobs
                 .iter()
@@ -332,7 +340,7 @@ impl<M: Member + ?Sized> Array<M> {
                 let mut member_writes = Vec::new();
                 let pp = self.compute_job(job, write, &layouts, src, &mut member_writes, entry.is_some());
                 let request = entry.zip(pp).map(|((role, mut entry), pp)| {
-                    entry.checksum = crate::md::ppl::ppl_checksum(pp.as_slice());
+                    entry.checksum = crate::ppl::ppl_checksum(pp.as_slice());
                     LogRequest { role, entry, pp, footprint }
                 });
                 computed.push((member_writes, request));
@@ -340,7 +348,7 @@ impl<M: Member + ?Sized> Array<M> {
             for wave in log_waves(computed) {
                 let ticket = match wave.requests.is_empty() {
                     true => None,
-                    false => Some(self.log_partial_parity(wave.requests).await?),
+                    false => Some(self.log_partial_parity(wave.requests, &mut expected).await?),
                 };
                 let runs = concat_runs(wave.writes);
                 let results =
@@ -583,9 +591,18 @@ impl<M: Member + ?Sized> Array<M> {
         let chunk = u64::from(pg.chunk_sectors());
         let mut stripe = first_full;
         while stripe < end_full {
-            let n = (end_full - stripe).min(ZERO_BATCH_STRIPES);
+            let n = match &self.parity_log {
+                None => (end_full - stripe).min(ZERO_BATCH_STRIPES),
+                Some(_) => self.logged_zero_batch(stripe, end_full),
+            };
             let _guards = self.locks.lock_all(stripe..stripe + n).await;
             let _intent = self.intent_begin(stripe * chunk..(stripe + n) * chunk).await?;
+            // With a parity log, whole stripes being zeroed are logged as full-stripe writes
+            // (parity is recomputed at a replay, whatever part of the zeroing landed).
+            let _ticket = match &self.parity_log {
+                Some(_) => Some(self.log_partial_parity(self.zero_log_requests(stripe, n), &mut None).await?),
+                None => None,
+            };
             let roles: Vec<usize> =
                 (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
             let results =
@@ -599,6 +616,48 @@ impl<M: Member + ?Sized> Array<M> {
             stripe += n;
         }
         Ok(())
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// How many whole stripes from `stripe` one logged zeroing takes: at most
+    /// [`MAX_WAVE_ENTRIES`] per parity member (a layout may put every parity on one).
+    fn logged_zero_batch(&self, stripe: u64, end: u64) -> u64 {
+        let pg = self.parity_geometry();
+        let mut per_role = vec![0usize; self.members.slots.len()];
+        let mut n = 0;
+        while stripe + n < end {
+            let p = pg.stripe(stripe + n).p_role;
+            if per_role[p] == MAX_WAVE_ENTRIES {
+                break;
+            }
+            per_role[p] += 1;
+            n += 1;
+        }
+        n
+    }
+
+    /// Full-stripe entries (no partial parity) for zeroing `n` whole stripes from `stripe`.
+    fn zero_log_requests(&self, stripe: u64, n: u64) -> Vec<LogRequest> {
+        let pg = self.parity_geometry();
+        let (dd, chunk) = (pg.data_disks() as u64, u64::from(pg.chunk_sectors()));
+        (stripe..stripe + n)
+            .filter_map(|s| {
+                let p = pg.stripe(s).p_role;
+                self.members.slots[p].is_writable().then(|| LogRequest {
+                    role: p,
+                    entry: PplEntry {
+                        data_sector: s * dd * chunk,
+                        pp_size: 0,
+                        data_size: (dd * chunk * SECTOR_BYTES) as u32,
+                        parity_disk: p as u32,
+                        checksum: 0,
+                    },
+                    pp: AlignedBuf::zeroed(0),
+                    footprint: Footprint { stripe: s, written: (1u64 << dd) - 1, rows: (0, chunk as u32) },
+                })
+            })
+            .collect()
     }
 }
 

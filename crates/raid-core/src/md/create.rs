@@ -40,9 +40,9 @@ use super::data_offset::{
 use super::dev_role::DevRole;
 use super::feature::FeatureMap;
 use super::metadata::{ArrayMetadata, MemberMetadata};
-use super::ppl::{PPL_AREA_SECTORS, PPL_OFFSET_SECTORS};
 use super::superblock::{MIN_DATA_SIZE, RESYNC_CLEAN, SUPER_OFFSET_1_2, TIME_SECS_MASK};
 use super::uuid::MdUuid;
+use crate::ppl::{PPL_AREA_SECTORS, PPL_OFFSET_SECTORS};
 
 /// mdadm's default chunk: 512 KiB.
 pub const DEFAULT_CHUNK_SECTORS: u32 = 1024;

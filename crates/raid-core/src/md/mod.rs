@@ -28,12 +28,12 @@ mod data_offset;
 mod dev_role;
 mod feature;
 mod metadata;
-pub mod ppl;
 mod start;
 mod store;
 mod superblock;
 mod uuid;
 
+pub use crate::ppl;
 pub use assemble::{Assembly, Candidate, assemble};
 pub use bitmap::{BITMAP_STALE, Bitmap, DEFAULT_BITMAP_CHUNK_BYTES};
 pub use checksum::{SB_CSUM_OFFSET, sb_checksum};

@@ -16,14 +16,14 @@ use std::sync::Arc;
 
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
-use crate::engine::{Array, Device, ParityLogConfig, RoleMember};
+use crate::engine::{Array, Device, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, RoleMember};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Geometry, Level};
-use crate::md::ppl::{PPL_HEADER_BYTES, ppl_signature};
 use crate::md::{
     Assembly, BITMAP_STALE, Bitmap, DEVFLAG_WRITE_MOSTLY, FeatureMap, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES,
 };
 use crate::member::Member;
+use crate::ppl::ppl_signature;
 
 /// Bitmaps are at most this large (mdadm reserves up to 128 KiB).
 const MAX_BITMAP_BYTES: u64 = 128 << 10;
@@ -115,10 +115,14 @@ fn parity_log_config(assembly: &Assembly) -> Result<Option<ParityLogConfig>> {
     if start < (SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64) as i64 || start as u64 + len > data_start {
         return Err(bad(format!("area at byte {start} of {len} bytes overlaps the superblock or the data")));
     }
-    if len < (2 * PPL_HEADER_BYTES + (256 << 10)) as u64 {
-        return Err(bad(format!("area of {len} bytes is too small (raidnbd needs 264 KiB)")));
+    if len < MIN_PARITY_LOG_AREA_BYTES {
+        return Err(bad(format!("area of {len} bytes is too small (raidnbd needs {MIN_PARITY_LOG_AREA_BYTES})")));
     }
-    Ok(Some(ParityLogConfig { area_offset_bytes: start as u64, area_bytes: len, signature: ppl_signature(meta.uuid) }))
+    Ok(Some(ParityLogConfig {
+        area_offset_bytes: start as u64,
+        area_bytes: len,
+        signature: ppl_signature(meta.uuid.0),
+    }))
 }
 
 /// Reads the internal write-intent bitmap from the first member that has a valid one.

@@ -13,9 +13,8 @@
 //! replayed. Every checksum is the standard CRC-32C (md's `~crc32c_le(~0, ..)`); the signature
 //! is the CRC-32C of the array UUID. Entry sectors are 512-byte array sectors.
 //!
-//! Pure: bytes in, values out.
-
-use super::uuid::MdUuid;
+//! Pure: bytes in, values out. The engine writes and replays this format
+//! (`engine/parity_log.rs`); `md` places the area and re-exports this module as `md::ppl`.
 
 /// One header: 4 KiB.
 pub const PPL_HEADER_BYTES: usize = 4096;
@@ -50,9 +49,9 @@ pub struct PplHeader {
     pub entries: Vec<PplEntry>,
 }
 
-/// The signature every header of the array carries.
-pub fn ppl_signature(uuid: MdUuid) -> u32 {
-    crc32c::crc32c(&uuid.0)
+/// The signature every header of the array carries (from the array UUID's bytes).
+pub fn ppl_signature(uuid: [u8; 16]) -> u32 {
+    crc32c::crc32c(&uuid)
 }
 
 /// CRC-32C as md stores it for partial parity and headers.
@@ -198,7 +197,7 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_rejects_damage() {
-        let sig = ppl_signature(MdUuid([7; 16]));
+        let sig = ppl_signature([7; 16]);
         let h = PplHeader {
             signature: sig,
             generation: 42,
@@ -219,7 +218,7 @@ mod tests {
 
     #[test]
     fn the_reader_follows_the_chain_to_the_newest_header() {
-        let sig = ppl_signature(MdUuid([1; 16]));
+        let sig = ppl_signature([1; 16]);
         let mut area = vec![0u8; 64 << 10];
         let put = |area: &mut Vec<u8>, at: usize, generation: u64, pp: u32| {
             let e = PplEntry { data_sector: 0, pp_size: pp, data_size: pp, parity_disk: 0, checksum: 0 };
