@@ -88,9 +88,10 @@ fn check_reports_and_repairs_mismatches() {
     let text = assert_ok(&out);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["mismatch_cnt"], 0);
-    // Flip a byte in b's data area (data offset is 1 MiB for such small members).
+    // Flip a byte in b's data area (data offset 2 MiB for such small members: after the
+    // superblock and the 1 MiB partial parity log).
     let mut bytes = std::fs::read(d.join("b")).unwrap();
-    bytes[(1 << 20) + 777] ^= 0xff;
+    bytes[(2 << 20) + 777] ^= 0xff;
     std::fs::write(d.join("b"), bytes).unwrap();
     let out = raidnbd(d, &["check", "--json", "a", "b", "c"]);
     assert_eq!(out.status.code(), Some(1), "mismatches found => exit 1");

@@ -48,7 +48,11 @@ fn raid5_serves_real_clients_and_survives_a_missing_member() {
     let info = run_ok(Command::new("nbdinfo").args(["--json", &served.uri("r5")]));
     let v: serde_json::Value = serde_json::from_str(&info).unwrap();
     let export = &v["exports"][0];
-    assert_eq!(export["export-size"], 3 * 63 * 1024 * 1024, "3 data members x (64M - 1M data offset)");
+    assert_eq!(
+        export["export-size"],
+        3 * 62 * 1024 * 1024,
+        "3 data members x (64M - 2M data offset: the 1 MiB parity log)"
+    );
     assert_eq!(export["can_multi_conn"], true);
     assert_eq!(export["block_size_preferred"], 65536);
 

@@ -387,6 +387,7 @@ mod tests {
                 cache_bytes: None,
                 rounds: 1,
                 write_gather_us: None,
+                consistency_policy: None,
             },
             runs,
             samples: vec![],

@@ -315,9 +315,16 @@ pub async fn cancellation_safety(m: &Arc<dyn Member>, in_flight: &InFlight) {
         rng
     };
     m.write_zeroes(0, SLOTS * SLOT_BYTES as u64).await.unwrap_or_else(|e| panic!("{}: clearing: {e}", m.name()));
-    let iterations = 400u64;
+    // 400 drops, and more (up to 4000) until at least 5 landed mid-flight: on a loaded
+    // machine the backend's thread may not run between a poll and the drop for a while.
+    let counted = matches!(in_flight, InFlight::Counter(_));
+    let mut iterations = 0u64;
     let mut dropped_mid_flight = 0;
-    for it in 1..=iterations {
+    for it in 1..=4000u64 {
+        if it > 400 && (!counted || dropped_mid_flight >= 5) {
+            break;
+        }
+        iterations = it;
         let r = next();
         // Mostly one 64 KiB slot; sometimes 1 MiB (16 slots) for long flights.
         let (offset, len) = if r % 8 == 0 {

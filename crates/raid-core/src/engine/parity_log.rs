@@ -127,10 +127,12 @@ struct Pending {
 
 struct ChildLog {
     entries: VecDeque<Pending>,
-    /// Writes reading their stripes now that will log here next: a header waits for them
-    /// (their reads end on their own), so one header carries more entries. Under load a
-    /// header costs a member I/O per batch; without concurrent writes nobody waits.
-    expected: usize,
+    /// Tickets of writes reading their stripes now that will log here next: a header waits
+    /// for those that were reading when its writer came (their reads end on their own; later
+    /// ones cannot hold it up), so one header carries more entries. Under load a header
+    /// costs a member I/O per batch; without concurrent writes nobody waits.
+    expected: std::collections::BTreeSet<u64>,
+    next_ticket: u64,
     pp_bytes: usize,
     /// Where the next header goes (bytes into the area); advanced when a header is sent.
     next_offset: u64,
@@ -158,7 +160,8 @@ impl ParityLog {
             .map(|_| {
                 Mutex::new(ChildLog {
                     entries: VecDeque::new(),
-                    expected: 0,
+                    expected: Default::default(),
+                    next_ticket: 0,
                     pp_bytes: 0,
                     next_offset: 0,
                     writing: false,
@@ -236,26 +239,33 @@ impl ParityLog {
     }
 }
 
-/// Writes about to log (reading their stripes), by role; released on drop.
+/// A write about to log (reading its stripes): its ticket per role; released on drop.
 pub(crate) struct Expected<'a> {
     log: &'a ParityLog,
-    roles: Vec<usize>,
+    tickets: Vec<(usize, u64)>,
 }
 
 impl ParityLog {
     /// Announces that a write will log on `roles` once its reads are done.
     pub fn expect(&self, roles: Vec<usize>) -> Expected<'_> {
-        for &r in &roles {
-            self.lock(r).expected += 1;
-        }
-        Expected { log: self, roles }
+        let tickets = roles
+            .into_iter()
+            .map(|r| {
+                let mut child = self.lock(r);
+                let t = child.next_ticket;
+                child.next_ticket += 1;
+                child.expected.insert(t);
+                (r, t)
+            })
+            .collect();
+        Expected { log: self, tickets }
     }
 }
 
 impl Drop for Expected<'_> {
     fn drop(&mut self) {
-        for &r in &self.roles {
-            self.log.lock(r).expected -= 1;
+        for &(r, t) in &self.tickets {
+            self.log.lock(r).expected.remove(&t);
         }
         self.log.changed.notify(usize::MAX);
     }
@@ -393,6 +403,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// (never for writes that wait: see `check_room`, `Expected`).
     async fn commit_log(&self, role: usize, ids: &[u64]) {
         let log = self.parity_log.as_ref().expect("a parity log");
+        let horizon = log.lock(role).next_ticket;
         loop {
             let (listener, unit) = {
                 let mut child = log.lock(role);
@@ -400,7 +411,8 @@ impl<M: Member + ?Sized> Array<M> {
                 if mine_logged {
                     return;
                 }
-                let unit = (!child.writing && child.expected == 0).then(|| self.prepare_header(role, &mut child));
+                let reading = child.expected.first().is_some_and(|&t| t < horizon);
+                let unit = (!child.writing && !reading).then(|| self.prepare_header(role, &mut child));
                 (log.changed.listen(), unit)
             };
             match unit {
