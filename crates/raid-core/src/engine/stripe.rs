@@ -339,6 +339,7 @@ impl<M: Member + ?Sized> Array<M> {
                 let footprint = Footprint { stripe: write.stripe, written: job.written, rows: job.rows };
                 let mut member_writes = Vec::new();
                 let pp = self.compute_job(job, write, &layouts, src, &mut member_writes, entry.is_some());
+                debug_assert!(entry.is_none() || pp.is_some(), "a job writing P has its partial parity");
                 let request = entry.zip(pp).map(|((role, mut entry), pp)| {
                     entry.checksum = crate::ppl::ppl_checksum(pp.as_slice());
                     LogRequest { role, entry, pp, footprint }
