@@ -11,7 +11,7 @@
 //! ```
 //!
 //! [`Superblock::decode`] is as strict as the kernel's `super_1_load` (every check of §1.3) and
-//! additionally refuses what raidnbd does not implement (reshape, journal, PPL, clustering,
+//! additionally refuses what raidnbd does not implement (reshape, journal, clustering,
 //! levels other than linear/0/1/4/5/6/10, metadata 1.0/1.1). A bitmap or a non-empty bad-block
 //! list is accepted and reported by [`Superblock::notices`]. [`Superblock::encode`] writes every
 //! field little-endian, zero padding, and computes the checksum last.
