@@ -20,7 +20,7 @@
 step "nbd drive is /dev/vda"
 expect_eq "$(cat /sys/block/vda/serial)" rig-n0 "serial of vda"
 # RAID5 of 4 x 32 MiB: 3 members of data less md metadata.
-[ "$(size_bytes /dev/vda)" -gt $((90 * 1024 * 1024)) ] || fail "/dev/vda is only $(size_bytes /dev/vda) bytes"
+[ "$(size_bytes /dev/vda)" -ge $((90 * 1024 * 1024)) ] || fail "/dev/vda is only $(size_bytes /dev/vda) bytes"
 
 step "mkfs.ext4, mount, write 16 files, umount, fsck"
 mkfs_ext4 /dev/vda
