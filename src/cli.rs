@@ -167,9 +167,10 @@ pub struct CreateArgs {
     /// What keeps redundancy right across a crash (mdadm's names): `ppl` (raid5: md's
     /// partial parity log; closes the write hole, no resync after a crash), `bitmap` (a
     /// write-intent bitmap: only recently written regions are resynced), `resync` (the
-    /// whole array is resynced). Default: ppl for raid5; bitmap for other redundant arrays
+    /// whole array is resynced), `journal` (needs --write-journal). Default: journal with
+    /// --write-journal, else ppl for raid5; bitmap for other redundant arrays
     /// of 4 GiB or more; resync otherwise.
-    #[arg(long, value_name = "ppl|bitmap|resync")]
+    #[arg(long, value_name = "ppl|journal|bitmap|resync")]
     pub consistency_policy: Option<String>,
     /// Write-intent bitmap: `internal` (md's format; after a crash only recently written
     /// regions are resynced) or `none` (same as --consistency-policy bitmap / resync).
@@ -183,6 +184,11 @@ pub struct CreateArgs {
     /// (md's write-mostly: a slow or distant mirror). Repeatable.
     #[arg(long, value_name = "MEMBER")]
     pub write_mostly: Vec<String>,
+    /// raid4/5/6: md's write journal on this device (mdadm --write-journal): every write
+    /// goes to it first, so a crash cannot leave a stripe half written and the array needs
+    /// no resync (consistency policy `journal`). Serve it with the members.
+    #[arg(long, value_name = "DEVICE")]
+    pub write_journal: Option<String>,
     /// Member files or block devices, in role order; `missing` leaves a slot empty.
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<String>,

@@ -12,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::future::try_join_all;
 use raid_core::geometry::{Geometry, Level, ParityLayout, Raid0Layout, Raid10Layout};
+use raid_core::md::journal::{MetaBlock, journal_seed};
 use raid_core::md::ppl::{PplHeader, ppl_signature};
 use raid_core::md::{
     self, BITMAP_OFFSET_SECTORS, Bitmap, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, bitmap_space_sectors,
@@ -93,6 +94,22 @@ pub async fn run(args: CreateArgs) -> Result<()> {
     }
     let members_bytes: Vec<Option<u64>> = slots.iter().map(|s| s.as_ref().map(|(_, m)| m.len_bytes())).collect();
     let policy = choose_policy(&args, level)?;
+    let journal = match &args.write_journal {
+        Some(arg) => {
+            if args.members.contains(arg) {
+                bail!("--write-journal {arg} is one of the members");
+            }
+            prepare_member_file(arg, args.size)?;
+            let member = open_member(arg, &options).await?;
+            if !args.force
+                && let Some(what) = find_signature(member.as_ref()).await?
+            {
+                bail!("{arg} already holds {what}; use --force to overwrite it");
+            }
+            Some((arg.clone(), member))
+        }
+        None => None,
+    };
     let params = CreateParams {
         level,
         layout,
@@ -102,6 +119,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         uuid: None,
         members_bytes: &members_bytes,
         ppl: policy == Policy::Ppl,
+        journal_bytes: journal.as_ref().map(|(_, m)| m.len_bytes()),
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut meta = md::create(&params, now, &mut random_uuid).map_err(|e| anyhow!("{e}"))?;
@@ -113,7 +131,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         .collect();
     let geometry = Geometry::new(level, meta.layout, meta.chunk_sectors, &sizes).map_err(|e| anyhow!("{e}"))?;
     let bitmap = match policy {
-        Policy::Ppl => None,
+        Policy::Ppl | Policy::Journal => None,
         _ => choose_bitmap(&args, policy, &geometry, &mut meta, &members_bytes)?,
     };
     let ppl_header = meta.ppl_area().map(|(offset_sectors, _)| {
@@ -122,15 +140,29 @@ pub async fn run(args: CreateArgs) -> Result<()> {
     });
     mark_write_mostly(&args, &mut meta)?;
 
-    let present: Vec<&(String, Arc<dyn Member>)> = slots.iter().flatten().collect();
-    assert_eq!(present.len(), meta.members.len(), "one metadata record per present member");
+    let present: Vec<&(String, Arc<dyn Member>)> = slots.iter().flatten().chain(&journal).collect();
+    assert_eq!(present.len(), meta.members.len(), "one metadata record per present member and the journal");
+    let journal_index = journal.as_ref().map(|_| present.len() - 1);
+    let journal_meta_block = MetaBlock { seq: u64::from(rand::random::<u32>()), position: 0, payloads: Vec::new() }
+        .encode(journal_seed(meta.uuid.0));
     let bitmap_image = bitmap.as_ref().map(Bitmap::encode);
     try_join_all(present.iter().zip(&meta.members).enumerate().map(|(index, ((path, member), record))| {
-        let (meta, bitmap_image, ppl_header) = (&meta, &bitmap_image, &ppl_header);
+        let (meta, bitmap_image, ppl_header, journal_meta_block) =
+            (&meta, &bitmap_image, &ppl_header, &journal_meta_block);
         async move {
-            wipe_member(member.as_ref(), record.data_offset, record.data_size)
-                .await
-                .with_context(|| format!("cannot zero member {path}"))?;
+            if Some(index) == journal_index {
+                // As mdadm: one empty meta block at the ring's start (a random seq); the rest
+                // of the ring is never read before it is written.
+                member
+                    .write_at(record.data_offset * SECTOR_BYTES, AlignedBuf::from_slice(journal_meta_block), false)
+                    .await
+                    .0
+                    .with_context(|| format!("cannot write the journal of {path}"))?;
+            } else {
+                wipe_member(member.as_ref(), record.data_offset, record.data_size)
+                    .await
+                    .with_context(|| format!("cannot zero member {path}"))?;
+            }
             if let Some(image) = bitmap_image {
                 let at = SUPERBLOCK_BYTE_OFFSET + BITMAP_OFFSET_SECTORS as u64 * SECTOR_BYTES;
                 member
@@ -166,6 +198,12 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         meta.uuid
     );
     match (&bitmap, policy) {
+        (_, Policy::Journal) => println!(
+            "consistency policy: journal (md's write journal on {}: every write is logged there first, so a crash \
+             cannot leave a stripe half written; no resync after a crash, and the array survives losing a member \
+             right after one; serve the journal with the members)",
+            args.write_journal.as_deref().unwrap_or("?")
+        ),
         (_, Policy::Ppl) => println!(
             "consistency policy: ppl (md's partial parity log, 1 MiB per member: a crash cannot leave parity \
              stale, so the array needs no resync and survives losing a member right after a crash)"
@@ -179,8 +217,9 @@ pub async fn run(args: CreateArgs) -> Result<()> {
             println!("consistency policy: resync (after a crash the whole array resyncs)");
             if matches!(level, Level::Raid4 | Level::Raid6) {
                 println!(
-                    "note: md's partial parity log is raid5-only; a {level} that crashes and then loses a member \
-                     before its resync ends may rebuild stale parity (it starts read-only then, unless --force)"
+                    "note: a {level} that crashes and then loses a member before its resync ends may rebuild \
+                     stale parity (it starts read-only then, unless --force); md's partial parity log is \
+                     raid5-only, but a write journal (--write-journal DEVICE) closes that hole"
                 );
             }
         }
@@ -220,6 +259,7 @@ fn mark_write_mostly(args: &CreateArgs, meta: &mut md::ArrayMetadata) -> Result<
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Policy {
     Ppl,
+    Journal,
     Bitmap,
     Resync,
     /// Not given: ppl for raid5, else the bitmap rule below.
@@ -228,16 +268,30 @@ enum Policy {
 
 fn choose_policy(args: &CreateArgs, level: Level) -> Result<Policy> {
     let policy = match args.consistency_policy.as_deref() {
+        None if args.write_journal.is_some() => Policy::Journal,
         None => match (level, args.bitmap.as_deref()) {
             (Level::Raid5, None) => Policy::Ppl,
             _ => Policy::Default,
         },
         Some("ppl") => Policy::Ppl,
+        Some("journal") => Policy::Journal,
         Some("bitmap") => Policy::Bitmap,
         Some("resync") => Policy::Resync,
-        Some(other) => bail!("--consistency-policy {other}: use ppl, bitmap or resync"),
+        Some(other) => bail!("--consistency-policy {other}: use ppl, journal, bitmap or resync"),
     };
+    if args.write_journal.is_some() && policy != Policy::Journal {
+        bail!("--write-journal makes the consistency policy journal (md allows no other with a journal)");
+    }
     match policy {
+        Policy::Journal if args.write_journal.is_none() => {
+            bail!("--consistency-policy journal needs --write-journal DEVICE")
+        }
+        Policy::Journal if !matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) => {
+            bail!("a write journal is for raid4, raid5 and raid6 (as in md)")
+        }
+        Policy::Journal if args.bitmap.as_deref() == Some("internal") => {
+            bail!("a write journal and a write-intent bitmap exclude each other (as in md)")
+        }
         Policy::Ppl if level != Level::Raid5 => {
             bail!("--consistency-policy ppl is for raid5 (md's partial parity log is raid5-only); use bitmap or resync")
         }

@@ -189,6 +189,18 @@ fn mdstat(exports: &Value) -> Option<String> {
         if let Some(last) = e["last_check"].as_object() {
             out.push_str(&format!("      last {}: mismatch_cnt {}\n", last["kind"].as_str()?, last["mismatch_cnt"]));
         }
+        if let Some(l) = e["parity_log"].as_object() {
+            out.push_str(&format!(
+                "      partial parity log: {} entries in {} headers, {} flushes to make room\n",
+                l["entries_logged"], l["headers_written"], l["drains"]
+            ));
+        }
+        if let Some(j) = e["journal"].as_object() {
+            out.push_str(&format!(
+                "      write journal: {} units ({} pages) logged, {} of {} bytes in use, {} tail moves\n",
+                j["units_written"], j["pages_logged"], j["used_bytes"], j["ring_bytes"], j["tail_moves"]
+            ));
+        }
         if e["resync_pending"] == json!(true) {
             out.push_str("      resync pending (unclean stop)\n");
         }

@@ -55,6 +55,7 @@ impl ArrayDevice {
             preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors()),
             max_payload_bytes: MAX_IO_BYTES as u32,
             byte_granular: volume.writes_bytes(),
+            can_trim: volume.can_trim(),
             ..DeviceInfo::full_featured(volume.size_bytes(), description)
         };
         Self { volume, info, mappings: FileMappings::default() }

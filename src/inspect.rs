@@ -182,7 +182,9 @@ fn state_words(a: &Assembly) -> String {
 
 /// md's consistency policy of an array (`mdadm --detail`'s "Consistency Policy").
 fn consistency_policy(meta: &ArrayMetadata) -> &'static str {
-    if meta.ppl_area().is_some() {
+    if meta.has_journal() {
+        "journal"
+    } else if meta.ppl_area().is_some() {
         "ppl"
     } else if meta.bitmap_offset().is_some() {
         "bitmap"

@@ -16,8 +16,15 @@ fn script() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/crash_writer.py")
 }
 
+/// The writer got writes acknowledged as durable before the crash (else the round tests nothing).
+#[track_caller]
+fn assert_durable_writes_logged(log: &Path, seed: u64) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(text.contains("\"d\""), "seed {seed}: the writer logged no durable write before the crash");
+}
+
 fn crash_rounds(level: &str, members: usize, seeds: std::ops::Range<u64>) {
-    assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 is required: apt-get install python3-libnbd");
+    require_libnbd_python();
     let dir = tempdir();
     let d = dir.path();
     let names: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
@@ -49,6 +56,7 @@ fn crash_rounds(level: &str, members: usize, seeds: std::ops::Range<u64>) {
         served.child.kill().expect("SIGKILL the server");
         served.child.wait().unwrap();
         writer.wait().unwrap();
+        assert_durable_writes_logged(&log, seed);
     }
     // Final restart: verify, let the resync finish, stop cleanly, check offline.
     let served = Served::start(d, "a", &["--control", &sock], &refs);
@@ -149,30 +157,56 @@ fn ctl(dir: &Path, socket: &str, args: &[&str]) -> Value {
     serde_json::from_str::<Value>(&out).map_or(Value::Null, |v| v[0].clone())
 }
 
-/// The write hole, closed: per seed a fresh raid5 (partial parity log by default), SIGKILL
-/// during writes, one member removed, serve again. Every durable block with no write in
-/// flight at the crash reads back (one with a write in flight may have had that write's
-/// data on the lost member: like md's, the log does not protect data in flight), no resync
-/// is pending, the array takes writes; a new member rebuilt in, the offline check finds no
-/// mismatch.
 #[test]
 fn raid5_with_ppl_survives_sigkill_and_then_a_lost_member() {
-    assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 is required: apt-get install python3-libnbd");
+    sigkill_then_a_lost_member("5", 4, Log::Ppl, 400..406);
+}
+
+/// md's journal closes the hole on raid6 and raid4 too; with it a write in flight at the
+/// crash is whole or absent on every stripe, so every durable block reads back.
+#[test]
+fn raid6_with_a_journal_survives_sigkill_and_then_a_lost_member() {
+    sigkill_then_a_lost_member("6", 5, Log::Journal, 500..505);
+}
+
+#[test]
+fn raid4_with_a_journal_survives_sigkill_and_then_a_lost_member() {
+    sigkill_then_a_lost_member("4", 4, Log::Journal, 600..603);
+}
+
+#[derive(PartialEq)]
+enum Log {
+    Ppl,
+    Journal,
+}
+
+/// The write hole, closed: per seed a fresh array, SIGKILL during writes, one member
+/// removed, serve again. With the partial parity log every durable block with no write in
+/// flight at the crash reads back (one with a write in flight may have had that write's data
+/// on the lost member: like md's, the log does not protect data in flight); with the
+/// journal every durable block does. No resync is pending, the array takes writes; a new
+/// member rebuilt in, the offline check finds no mismatch.
+fn sigkill_then_a_lost_member(level: &str, members: usize, log_kind: Log, seeds: std::ops::Range<u64>) {
+    require_libnbd_python();
     require_tool("qemu-io", "qemu-utils");
-    for seed in 400..406u64 {
+    for seed in seeds {
         let dir = tempdir();
         let d = dir.path();
-        let names: Vec<String> = (0..4).map(|i| format!("m{i}")).collect();
+        let names: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let out = assert_ok(&raidnbd(
-            d,
-            &[&["create", "--level", "5", "--chunk", "16K", "--size", "40M"][..], &refs].concat(),
-        ));
-        assert!(out.contains("consistency policy: ppl"), "raid5 gets the partial parity log by default: {out}");
+        let journal: &[&str] = if log_kind == Log::Journal { &["j"] } else { &[] };
+        let mut create = vec!["create", "--level", level, "--chunk", "16K", "--size", "40M"];
+        if log_kind == Log::Journal {
+            create.extend(["--write-journal", "j"]);
+        }
+        let out = assert_ok(&raidnbd(d, &[&create[..], &refs].concat()));
+        let policy = if log_kind == Log::Ppl { "consistency policy: ppl" } else { "consistency policy: journal" };
+        assert!(out.contains(policy), "{out}");
         let log = d.join("durable.log");
         let socket = d.join("c.sock");
         let sock = socket.to_str().unwrap().to_string();
-        let mut served = Served::start(d, "a", &["--control", &sock], &refs);
+        let served_members: Vec<&str> = refs.iter().chain(journal).copied().collect();
+        let mut served = Served::start(d, "a", &["--control", &sock], &served_members);
         let mut writer = Command::new(PYTHON)
             .arg(script())
             .arg(served.uri("a"))
@@ -185,16 +219,20 @@ fn raid5_with_ppl_survives_sigkill_and_then_a_lost_member() {
         served.child.kill().expect("SIGKILL the server");
         served.child.wait().unwrap();
         writer.wait().unwrap();
+        assert_durable_writes_logged(&log, seed);
 
         // A member is lost right after the crash.
-        let lost = &names[(seed % 4) as usize];
+        let lost = &names[(seed % members as u64) as usize];
         std::fs::rename(d.join(lost), d.join("lost")).unwrap();
         let survivors: Vec<&str> = refs.iter().copied().filter(|n| n != lost).collect();
-        let served = Served::start(d, "a", &["--control", &sock], &survivors);
+        let served_survivors: Vec<&str> = survivors.iter().chain(journal).copied().collect();
+        let served = Served::start(d, "a", &["--control", &sock], &served_survivors);
         let text = served.log_text();
-        assert!(text.contains("partial parity log replayed") && !text.contains("READ-ONLY"), "seed {seed}: {text}");
+        let replayed = if log_kind == Log::Ppl { "partial parity log replayed" } else { "write journal replayed" };
+        assert!(text.contains(replayed) && !text.contains("READ-ONLY"), "seed {seed}: {text}");
         let uri = served.uri("a");
-        run_ok(Command::new(PYTHON).arg(script()).arg(&uri).arg(&log).arg("verify-settled"));
+        let verify = if log_kind == Log::Ppl { "verify-settled" } else { "verify" };
+        run_ok(Command::new(PYTHON).arg(script()).arg(&uri).arg(&log).arg(verify));
         let s = ctl(d, &sock, &["status", "--json"]);
         assert_eq!(s["resync_pending"], false, "seed {seed}: the replay leaves nothing to resync: {s:#}");
         run_ok(Command::new("qemu-io").args([
@@ -206,6 +244,12 @@ fn raid5_with_ppl_survives_sigkill_and_then_a_lost_member() {
             "read -P 7 100M 64k",
             &uri,
         ]));
+        let s = ctl(d, &sock, &["status", "--json"]);
+        let logged = match log_kind {
+            Log::Ppl => s["parity_log"]["entries_logged"].as_u64(),
+            Log::Journal => s["journal"]["units_written"].as_u64(),
+        };
+        assert!(logged >= Some(1), "seed {seed}: the write was logged: {s:#}");
 
         // A new member takes the lost one's place; then every member must agree.
         std::fs::write(d.join("new"), vec![0u8; 40 << 20]).unwrap();
@@ -220,9 +264,9 @@ fn raid5_with_ppl_survives_sigkill_and_then_a_lost_member() {
             assert!(std::time::Instant::now() < deadline, "seed {seed}: rebuild did not finish: {s:#}");
             std::thread::sleep(Duration::from_millis(200));
         }
-        run_ok(Command::new(PYTHON).arg(script()).arg(&uri).arg(&log).arg("verify-settled"));
+        run_ok(Command::new(PYTHON).arg(script()).arg(&uri).arg(&log).arg(verify));
         served.stop();
-        let members: Vec<&str> = survivors.iter().copied().chain(["new"]).collect();
+        let members: Vec<&str> = survivors.iter().copied().chain(["new"]).chain(journal.iter().copied()).collect();
         let v: Value =
             serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
         assert_eq!(v["mismatch_cnt"], 0, "seed {seed}: parity agrees with the data");

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::util::*;
 
 fn workload(dir: &Path, uri: &str, args: &[&str]) {
-    assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 is required: apt-get install python3-libnbd");
+    require_libnbd_python();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/workload.py");
     let state = dir.join("model.json");
     run_ok(Command::new(PYTHON).arg(script).arg(uri).arg(&state).args(args));

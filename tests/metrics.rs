@@ -36,7 +36,7 @@ h.shutdown()
 "#;
 
 fn client(uri: &str, ops: &[String]) {
-    assert!(Path::new(PYTHON).exists(), "/usr/bin/python3 with libnbd is required: apt-get install python3-libnbd");
+    require_libnbd_python();
     run_ok(Command::new(PYTHON).arg("-c").arg(CLIENT).arg(uri).args(ops));
 }
 

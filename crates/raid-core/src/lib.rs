@@ -28,6 +28,7 @@ pub mod decorator;
 pub mod engine;
 pub mod error;
 pub mod geometry;
+pub mod journal;
 pub mod md;
 pub mod member;
 pub mod parity;

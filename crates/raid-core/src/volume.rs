@@ -49,6 +49,12 @@ pub trait Volume: Send + Sync {
     /// Zeroes a range, deallocating where `may_deallocate` allows.
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> VolumeFuture<'_, ()>;
 
+    /// Whether trim is worth advertising (on an array with a write journal it costs a logged
+    /// write of zeros, so it is not: md does not advertise discard there either).
+    fn can_trim(&self) -> bool {
+        true
+    }
+
     /// Whether [`write_bytes`](Self::write_bytes) is supported.
     fn writes_bytes(&self) -> bool {
         false

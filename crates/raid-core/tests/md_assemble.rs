@@ -26,6 +26,7 @@ mod md {
             uuid: None,
             members_bytes: &slots,
             ppl: false,
+            journal_bytes: None,
         };
         let mut next = 0u8;
         let mut random = || {
@@ -363,6 +364,7 @@ mod md {
             uuid: None,
             members_bytes: &slots,
             ppl: false,
+            journal_bytes: None,
         };
         let mut md0 = create(&params, 0, &mut || MdUuid([7; 16])).unwrap();
         md0.members[1].device_uuid = MdUuid([8; 16]);

@@ -36,6 +36,7 @@ mod md {
             uuid: None,
             members_bytes,
             ppl: false,
+            journal_bytes: None,
         }
     }
 

@@ -183,6 +183,7 @@ mod md {
             uuid: Some(first.set_uuid),
             members_bytes: &slots,
             ppl: false,
+            journal_bytes: None,
         };
         let ours = create(&params, 0, &mut || MdUuid::default())
             .unwrap_or_else(|e| panic!("{}: create with mdadm's parameters failed: {}", members[0].file, e.message));

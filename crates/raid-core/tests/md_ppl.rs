@@ -48,6 +48,7 @@ mod md_ppl {
             uuid: Some(uuid()),
             members_bytes: &sizes,
             ppl: true,
+            journal_bytes: None,
         };
         let meta = md::create(&params, 0, &mut || MdUuid([1; 16])).unwrap();
         let ours = meta.superblock_for(0);
@@ -147,6 +148,7 @@ mod md_ppl {
             uuid: Some(MdUuid([9; 16])),
             members_bytes: &sizes,
             ppl,
+            journal_bytes: None,
         };
         let mut n = 0u8;
         let meta = md::create(&params, 1_700_000_000, &mut || {

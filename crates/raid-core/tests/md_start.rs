@@ -24,6 +24,7 @@ fn create_raid5() -> Vec<Arc<MemoryMember>> {
         uuid: Some(MdUuid([7; 16])),
         members_bytes: &sizes,
         ppl: false,
+        journal_bytes: None,
     };
     let mut n = 0u8;
     let meta = md::create(&params, 1_700_000_000, &mut || {

@@ -202,7 +202,6 @@ mod md {
         for (bits, name) in [
             (FeatureMap::RESHAPE_ACTIVE, "RESHAPE_ACTIVE"),
             (FeatureMap::RESHAPE_BACKWARDS, "RESHAPE_BACKWARDS"),
-            (FeatureMap::JOURNAL, "JOURNAL"),
             (FeatureMap::CLUSTERED, "CLUSTERED"),
         ] {
             let mut b = good.clone();
@@ -210,14 +209,18 @@ mod md {
             expect_reject(&b, name);
             expect_reject(&b, "does not implement");
         }
-        // Either PPL bit is served (md's partial parity log); both at once the kernel refuses.
-        for bits in [FeatureMap::PPL, FeatureMap::MULTIPLE_PPLS] {
+        // Either PPL bit is served (md's partial parity log), and the journal; both PPL bits
+        // at once, or one with the journal, the kernel refuses.
+        for bits in [FeatureMap::PPL, FeatureMap::MULTIPLE_PPLS, FeatureMap::JOURNAL] {
             let mut b = good.clone();
             patch(&mut b, 8, &bits.0.to_le_bytes());
             assert!(Superblock::decode(&b).is_ok(), "{bits}");
         }
         let mut b = good.clone();
         patch(&mut b, 8, &(FeatureMap::PPL | FeatureMap::MULTIPLE_PPLS).0.to_le_bytes());
+        expect_reject(&b, "contradictory PPL");
+        let mut b = good.clone();
+        patch(&mut b, 8, &(FeatureMap::PPL | FeatureMap::JOURNAL).0.to_le_bytes());
         expect_reject(&b, "contradictory PPL");
         for (level, needle) in [(-4i32, "level -4"), (7, "level 7"), (-5, "level -5")] {
             let mut b = good.clone();

@@ -23,7 +23,10 @@ use futures::future::join_all;
 
 use futures::executor::block_on;
 use raid_core::AlignedBuf;
-use raid_core::engine::{Array, ParityLogConfig, ParityLogStats, RoleMember, Step};
+use raid_core::engine::{
+    Array, Device, JournalConfig, JournalStats, MetadataStore, MetadataSummary, ParityLogConfig, ParityLogStats,
+    RoleMember, StateChange, Step, SuperblockWrite,
+};
 use raid_core::geometry::{Geometry, Level};
 use raid_core::member::{BufResult, IoFuture, Member};
 use support::SECTOR;
@@ -251,6 +254,8 @@ struct Outcome {
     log: Option<ParityLogStats>,
     /// The member lost after the crash, if one was.
     lost: Option<usize>,
+    /// The journal's counters when the crash struck.
+    journal: Option<JournalStats>,
 }
 
 const MEMBERS: usize = 4;
@@ -265,6 +270,39 @@ fn geometry(level: Level) -> Geometry {
 /// The partial parity log's area (as md: 4 KiB after the superblock), when a run has one.
 const PPL: ParityLogConfig = ParityLogConfig { area_offset_bytes: 8192, area_bytes: 512 << 10, signature: 0x5eed };
 const DATA_OFFSET_BYTES: u64 = 8192 + (512 << 10);
+
+/// What closes the write hole in a run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Log {
+    None,
+    /// md's partial parity log (raid5).
+    Ppl,
+    /// md's write journal on a fifth device (raid4/5/6).
+    Journal,
+}
+
+/// The journal device: its "superblock" (the tail, LE64) at 4096, its ring from 8192. The
+/// ring is raidnbd's smallest, so it wraps and moves its tail often.
+const JOURNAL_TAIL_AT: u64 = 4096;
+const JOURNAL_RING_AT: u64 = 8192;
+const JOURNAL_RING_BYTES: u64 = raid_core::engine::MIN_JOURNAL_BYTES;
+const JOURNAL_DEVICE: usize = MEMBERS;
+
+/// The metadata of a journaled run: only the journal's tail, written (FUA) where the next
+/// start reads it.
+struct TailStore;
+
+impl MetadataStore for TailStore {
+    fn summary(&self) -> MetadataSummary {
+        MetadataSummary { uuid: [0; 16], events: 0, bitmap_events_cleared: None }
+    }
+    fn apply(&mut self, change: &StateChange) -> Result<Vec<SuperblockWrite>, raid_core::RaidError> {
+        let StateChange::JournalTail { sectors } = change else { return Ok(Vec::new()) };
+        let mut image = AlignedBuf::zeroed(512);
+        image.as_mut_slice()[..8].copy_from_slice(&sectors.to_le_bytes());
+        Ok(vec![SuperblockWrite { device: JOURNAL_DEVICE, offset_bytes: JOURNAL_TAIL_AT, image }])
+    }
+}
 
 /// How a run issues writes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -281,6 +319,7 @@ fn start(
     members: Vec<Option<Arc<SimMember>>>,
     dirty: bool,
     ppl: Option<ParityLogConfig>,
+    journal: Option<Arc<SimMember>>,
 ) -> Array<SimMember> {
     let roles = members
         .into_iter()
@@ -294,6 +333,22 @@ fn start(
             })
         })
         .collect();
+    if let Some(j) = journal {
+        // A journaled array needs no resync after a crash (md's MD_JOURNAL_CLEAN): replay.
+        let array = Array::new(geometry.clone(), roles, Some(Box::new(TailStore)), false).expect("array starts");
+        let mut tail = [0u8; 8];
+        j.view(JOURNAL_TAIL_AT, &mut tail);
+        let config = JournalConfig {
+            area_offset_bytes: JOURNAL_RING_AT,
+            area_sectors: JOURNAL_RING_BYTES / SECTOR,
+            seed: 0x5eed,
+            tail_sectors: u64::from_le_bytes(tail),
+        };
+        let device = Device { id: JOURNAL_DEVICE, member: j, data_offset_bytes: JOURNAL_RING_AT };
+        let array = array.with_journal(device, config).expect("a journal");
+        block_on(array.start_journal()).expect("journal starts");
+        return array;
+    }
     let array = Array::new(geometry.clone(), roles, None, dirty).expect("array starts");
     let Some(config) = ppl else { return array };
     let array = array.with_parity_log(config).expect("raid5");
@@ -302,16 +357,19 @@ fn start(
 }
 
 /// One seeded run: writes and flushes until the crash, then recovery and checks.
-fn run(level: Level, ppl: bool, mode: Mode, seed: u64) -> Outcome {
+fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
     let mut rng = Rng::new(seed);
     let geometry = geometry(level);
     let member_bytes = (DATA_OFFSET_BYTES + geometry.member_sectors(0) * SECTOR) as usize;
     let parallel = mode == Mode::Parallel;
-    let ppl = ppl.then_some(if parallel { ParityLogConfig { area_bytes: 264 << 10, ..PPL } } else { PPL });
+    let ppl =
+        (log_kind == Log::Ppl).then_some(if parallel { ParityLogConfig { area_bytes: 264 << 10, ..PPL } } else { PPL });
     let world = World::new(u64::MAX, if parallel { 30 } else { 0 }, seed);
     let members: Vec<Arc<SimMember>> =
         (0..MEMBERS).map(|i| Arc::new(SimMember::new(format!("m{i}"), member_bytes, world.clone()))).collect();
-    let array = start(&geometry, members.iter().cloned().map(Some).collect(), false, ppl);
+    let journal = (log_kind == Log::Journal)
+        .then(|| Arc::new(SimMember::new("j".into(), (JOURNAL_RING_AT + JOURNAL_RING_BYTES) as usize, world.clone())));
+    let array = start(&geometry, members.iter().cloned().map(Some).collect(), false, ppl, journal.clone());
     {
         let mut w = world.lock().unwrap();
         w.crash_at = w.ios + 1 + rng.below(if parallel { 1500 } else { 400 });
@@ -381,9 +439,11 @@ fn run(level: Level, ppl: bool, mode: Mode, seed: u64) -> Outcome {
         }
     }
     let log = array.parity_log_stats();
+    let journal_stats = array.journal_stats();
     let mut violations = Vec::new();
     // Recovery: the members as the crash left them; sometimes one is lost.
     let images: Vec<Vec<u8>> = members.iter().map(|m| m.after_crash(&mut rng)).collect();
+    let journal_image = journal.as_ref().map(|j| j.after_crash(&mut rng));
     let lost = rng.chance(50).then(|| rng.below(MEMBERS as u64) as usize);
     let world2 = World::new(u64::MAX, 0, seed);
     let restarted: Vec<Option<Arc<SimMember>>> = images
@@ -391,12 +451,13 @@ fn run(level: Level, ppl: bool, mode: Mode, seed: u64) -> Outcome {
         .enumerate()
         .map(|(i, img)| (Some(i) != lost).then(|| Arc::new(SimMember::restarted(format!("m{i}"), img, world2.clone()))))
         .collect();
-    let array = start(&geometry, restarted, true, ppl);
+    let journal = journal_image.map(|img| Arc::new(SimMember::restarted("j".into(), img, world2.clone())));
+    let array = start(&geometry, restarted, true, ppl, journal);
     if lost.is_none() {
-        // Every member back: resync (none after a parity log replay), then the redundancy
-        // must be consistent.
-        if ppl.is_some() && array.maintenance_status().resync_pending {
-            violations.push("a resync is pending after the parity log replay".into());
+        // Every member back: resync (none after a log replay), then the redundancy must be
+        // consistent.
+        if log_kind != Log::None && array.maintenance_status().resync_pending {
+            violations.push("a resync is pending after the log replay".into());
         }
         while block_on(array.maintenance_step(1 << 20)).unwrap() != Step::Idle {}
         let mismatches = block_on(array.scrub(0, array.scrub_units(), false)).map_or(u64::MAX, |c| c.mismatch_sectors);
@@ -416,7 +477,7 @@ fn run(level: Level, ppl: bool, mode: Mode, seed: u64) -> Outcome {
             Err(_) => {}
         }
     }
-    Outcome { violations, ops, log, lost }
+    Outcome { violations, ops, log, lost, journal: journal_stats }
 }
 
 fn seeds() -> Vec<u64> {
@@ -429,28 +490,45 @@ fn seeds() -> Vec<u64> {
 
 /// Runs every seed on `level`; returns the failing seeds with the member lost in each (each
 /// printed with why).
-fn sweep(level: Level, ppl: bool, mode: Mode) -> Vec<(u64, Option<usize>)> {
+fn sweep(level: Level, log_kind: Log, mode: Mode) -> Vec<(u64, Option<usize>)> {
     let mut failing = Vec::new();
     let mut ops = 0;
     let mut log = ParityLogStats::default();
+    let mut journal = JournalStats::default();
     let seeds = seeds();
     for &seed in &seeds {
-        let out = run(level, ppl, mode, seed);
+        let out = run(level, log_kind, mode, seed);
         ops += out.ops;
         if let Some(s) = out.log {
             log.entries_logged += s.entries_logged;
             log.headers_written += s.headers_written;
             log.drains += s.drains;
         }
+        if let Some(j) = out.journal {
+            journal.units_written += j.units_written;
+            journal.pages_logged += j.pages_logged;
+            journal.reclaims += j.reclaims;
+            journal.waits_for_room += j.waits_for_room;
+        }
         if !out.violations.is_empty() {
             eprintln!("{level} seed {seed}: {}", out.violations.join("; "));
             failing.push((seed, out.lost));
         }
     }
-    let log_name = if ppl { " with PPL" } else { "" };
+    let log_name = match log_kind {
+        Log::None => "",
+        Log::Ppl => " with PPL",
+        Log::Journal => " with a journal",
+    };
     let how = if mode == Mode::Parallel { ", writes in parallel" } else { "" };
     eprintln!("{level}{log_name}{how}: {} seeds, {ops} operations, {} failing", seeds.len(), failing.len());
-    if ppl {
+    if log_kind == Log::Journal {
+        eprintln!(
+            "  journal: {} units, {} pages, {} tail moves, {} waits for room",
+            journal.units_written, journal.pages_logged, journal.reclaims, journal.waits_for_room
+        );
+    }
+    if log_kind == Log::Ppl {
         eprintln!(
             "  parity log: {} headers, {} entries, {} drains",
             log.headers_written, log.entries_logged, log.drains
@@ -463,7 +541,7 @@ fn sweep(level: Level, ppl: bool, mode: Mode) -> Vec<(u64, Option<usize>)> {
 /// returns wrong bytes for a durable sector. Only then: with every member back, resync
 /// leaves consistent redundancy and every durable sector right.
 fn has_the_write_hole(level: Level) {
-    let failing = sweep(level, false, Mode::Sequential);
+    let failing = sweep(level, Log::None, Mode::Sequential);
     assert!(!failing.is_empty(), "the simulator should find {level}'s write hole");
     let other: Vec<_> = failing.iter().filter(|(_, lost)| lost.is_none()).collect();
     assert!(other.is_empty(), "{level}: failures without a lost member: {other:?}");
@@ -482,27 +560,27 @@ fn raid6_without_a_log_has_the_write_hole() {
 #[test]
 fn mirrors_keep_every_durable_sector() {
     for level in [Level::Raid1, Level::Raid10] {
-        let failing = sweep(level, false, Mode::Sequential);
+        let failing = sweep(level, Log::None, Mode::Sequential);
         assert!(failing.is_empty(), "{level}: failing seeds {failing:?}");
     }
 }
 
 #[test]
 fn raid5_with_the_partial_parity_log_keeps_every_durable_sector() {
-    let failing = sweep(Level::Raid5, true, Mode::Sequential);
+    let failing = sweep(Level::Raid5, Log::Ppl, Mode::Sequential);
     assert!(failing.is_empty(), "raid5 with PPL: failing seeds {failing:?}");
 }
 
 /// Writes in parallel: entries carried from header to header, waits for room, wraps.
 #[test]
 fn raid5_with_the_partial_parity_log_and_writes_in_parallel_keeps_every_durable_sector() {
-    let failing = sweep(Level::Raid5, true, Mode::Parallel);
+    let failing = sweep(Level::Raid5, Log::Ppl, Mode::Parallel);
     assert!(failing.is_empty(), "raid5 with PPL, writes in parallel: failing seeds {failing:?}");
 }
 
 #[test]
 fn raid5_without_a_log_and_writes_in_parallel_has_the_write_hole() {
-    let failing = sweep(Level::Raid5, false, Mode::Parallel);
+    let failing = sweep(Level::Raid5, Log::None, Mode::Parallel);
     assert!(!failing.is_empty(), "the simulator should find raid5's write hole");
     assert!(failing.iter().all(|(_, lost)| lost.is_some()), "failures without a lost member: {failing:?}");
 }
@@ -524,7 +602,19 @@ fn parity_log_regression_seeds() {
         (Mode::Parallel, 59),
         (Mode::Parallel, 77),
     ] {
-        let out = run(Level::Raid5, true, mode, seed);
+        let out = run(Level::Raid5, Log::Ppl, mode, seed);
         assert!(out.violations.is_empty(), "raid5 with PPL, seed {seed}: {}", out.violations.join("; "));
+    }
+}
+
+/// md's journal closes the hole on every parity level, writes one at a time or in parallel
+/// (units wrap the smallest ring, the tail moves often, zeroing goes through the log).
+#[test]
+fn parity_levels_with_a_journal_keep_every_durable_sector() {
+    for level in [Level::Raid6, Level::Raid5, Level::Raid4] {
+        for mode in [Mode::Sequential, Mode::Parallel] {
+            let failing = sweep(level, Log::Journal, mode);
+            assert!(failing.is_empty(), "{level} with a journal: failing seeds {failing:?}");
+        }
     }
 }

@@ -201,8 +201,12 @@ impl<M: Member + ?Sized> Array<M> {
                 }
             };
             first = false;
-            let targets: Vec<(Device<M>, SuperblockWrite)> =
-                writes.into_iter().filter_map(|w| self.members.device_by_id(w.device).map(|d| (d, w))).collect();
+            let targets: Vec<(Device<M>, SuperblockWrite)> = writes
+                .into_iter()
+                .filter_map(|w| {
+                    self.members.device_by_id(w.device).or_else(|| self.journal_device(w.device)).map(|d| (d, w))
+                })
+                .collect();
             let results = join_all(
                 targets
                     .into_iter()
@@ -211,6 +215,10 @@ impl<M: Member + ?Sized> Array<M> {
             .await;
             for (device, res) in results {
                 if let Err(e) = res {
+                    if self.journal_device(device).is_some() {
+                        self.journal_failed(&e, "superblock write");
+                        continue;
+                    }
                     tracing::error!(device, error = %e, "superblock write failed: device marked faulty");
                     match self.members.role_of_device(device) {
                         Some(role) if self.members.slots[role].set_faulty() => {

@@ -42,6 +42,9 @@ pub enum StateChange {
     Replaced { old: usize, new: usize },
     /// The device leaves the array (it was faulty or a spare).
     Remove { device: usize },
+    /// The write journal's tail moved (md: `journal_tail` of the journal device), in
+    /// sectors from the start of its ring.
+    JournalTail { sectors: u64 },
     /// Write-intent bitmap bits to set / clear (resync chunks); no new event count.
     Bitmap { set: Vec<u64>, clear: Vec<u64> },
 }

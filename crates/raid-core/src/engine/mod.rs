@@ -29,6 +29,7 @@
 mod gather;
 mod intent;
 mod io;
+mod journal;
 mod lock_table;
 mod maintenance;
 mod membership;
@@ -50,6 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use futures::future::join_all;
 
 pub use gather::Timer;
+pub use journal::{JournalConfig, JournalReport, JournalStats, MIN_JOURNAL_BYTES};
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
@@ -126,6 +128,8 @@ pub struct Array<M: Member + ?Sized> {
     gather: std::sync::OnceLock<gather::Gather>,
     /// The partial parity log (raid5 with md's PPL: parity_log.rs).
     parity_log: Option<parity_log::ParityLog>,
+    /// The write journal (raid4/5/6 with md's `--write-journal`: journal.rs).
+    journal: Option<journal::Journal<M>>,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -190,6 +194,7 @@ impl<M: Member + ?Sized> Array<M> {
             quiesce: quiesce::Quiesce::default(),
             gather: std::sync::OnceLock::new(),
             parity_log: None,
+            journal: None,
         })
     }
 
@@ -486,7 +491,16 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
         Box::pin(Array::write(self, offset_bytes, data, fua))
     }
     fn flush(&self) -> VolumeFuture<'_, ()> {
+        // With a journal every completed write is durable in it already (its units are
+        // written FUA and the tail passes them only after a member flush): md completes
+        // such flushes at once too.
+        if let Some(journal) = &self.journal {
+            return Box::pin(async move { journal.check_not_failed() });
+        }
         Box::pin(Array::flush(self))
+    }
+    fn can_trim(&self) -> bool {
+        self.journal.is_none()
     }
     fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> VolumeFuture<'_, ()> {
         Box::pin(Array::trim(self, offset_bytes, len_bytes, fua))

@@ -12,6 +12,7 @@
 use futures::future::join_all;
 
 use super::io::Piece;
+use super::journal::{LoggedRow, MAX_JOB_ROWS};
 use super::parity_log::{Footprint, LogRequest, MAX_ENTRY_PP_BYTES, MAX_WAVE_ENTRIES, MAX_WAVE_PP_BYTES};
 use super::read_data::{ReadAssembler, ReadData};
 use super::stripe_plan::{Mode, Segment, StripeWrite, choose_mode, segments, stripe_writes};
@@ -20,6 +21,7 @@ use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{ParityGeometry, StripeLayout};
+use crate::journal::{Payload, crc32c_le};
 use crate::member::Member;
 use crate::parity::{self, BlockKind};
 use crate::ppl::PplEntry;
@@ -270,7 +272,41 @@ impl<M: Member + ?Sized> Array<M> {
         // future not Send (closure lifetimes).
         let stripes: Vec<u64> = writes.iter().map(|w| w.stripe).collect();
         let _guards = self.locks.lock_all(stripes).await;
+        if let Some((start, buf)) = self.widen_to_pages(start_sector, sectors, src).await? {
+            return self.write_striped_locked(start, buf.as_slice(), fua).await;
+        }
         self.write_stripes_locked(&writes, src, fua).await
+    }
+
+    /// With a journal (which logs whole 4 KiB pages), a write that starts or ends inside a
+    /// page becomes a write of whole pages: the rest of those pages is read first. A page
+    /// lies in one chunk, so the widened write takes the same stripe locks (held).
+    async fn widen_to_pages(
+        &self,
+        start: u64,
+        sectors: u64,
+        src: WriteSource<'_>,
+    ) -> Result<Option<(u64, AlignedBuf)>> {
+        const PAGE: u64 = crate::journal::JOURNAL_PAGE_SECTORS;
+        let end = start + sectors;
+        if self.journal.is_none() || (start.is_multiple_of(PAGE) && end.is_multiple_of(PAGE)) {
+            return Ok(None);
+        }
+        let (first, last) = (start / PAGE * PAGE, end.div_ceil(PAGE) * PAGE);
+        let mut buf = AlignedBuf::zeroed(((last - first) * SECTOR_BYTES) as usize);
+        let page = PAGE as usize * SECTOR_BYTES as usize;
+        for at in [first, last - PAGE] {
+            let old = self.read_striped_in(at, page, true).await?.to_vec();
+            let off = ((at - first) * SECTOR_BYTES) as usize;
+            buf.as_mut_slice()[off..off + page].copy_from_slice(&old);
+        }
+        let off = ((start - first) * SECTOR_BYTES) as usize;
+        let len = (sectors * SECTOR_BYTES) as usize;
+        match src {
+            WriteSource::Data(data) => buf.as_mut_slice()[off..off + len].copy_from_slice(data),
+            WriteSource::Zeros => buf.as_mut_slice()[off..off + len].fill(0),
+        }
+        Ok(Some((first, buf)))
     }
 
     /// The stripes `[start_sector, +sectors)` lies in, in ascending order (the keys its
@@ -283,7 +319,12 @@ impl<M: Member + ?Sized> Array<M> {
     /// Writes whole sectors with the stripes' locks already held.
     pub(super) async fn write_striped_locked(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
         let pg = self.parity_geometry();
-        let writes = stripe_writes(start_sector, data.len() as u64 / SECTOR_BYTES, pg.chunk_sectors(), pg.data_disks());
+        let sectors = data.len() as u64 / SECTOR_BYTES;
+        if let Some((start, buf)) = self.widen_to_pages(start_sector, sectors, WriteSource::Data(data)).await? {
+            let writes = stripe_writes(start, buf.len() as u64 / SECTOR_BYTES, pg.chunk_sectors(), pg.data_disks());
+            return self.write_stripes_locked(&writes, WriteSource::Data(buf.as_slice()), fua).await;
+        }
+        let writes = stripe_writes(start_sector, sectors, pg.chunk_sectors(), pg.data_disks());
         self.write_stripes_locked(&writes, WriteSource::Data(data), fua).await
     }
 
@@ -330,6 +371,19 @@ impl<M: Member + ?Sized> Array<M> {
             if read_failed {
                 continue;
             }
+            if self.journal.is_some() {
+                let mut computed = Vec::with_capacity(jobs.len());
+                for job in jobs {
+                    let write = &writes[job.write];
+                    let (stripe, member_sector, sectors) = (write.stripe, job.member_sector, job.sectors());
+                    let layout = &layouts[job.write];
+                    let mut member_writes = Vec::new();
+                    self.compute_job(job, write, &layouts, src, &mut member_writes, false);
+                    computed.push(JournaledJob { stripe, layout, member_sector, sectors, writes: member_writes });
+                }
+                self.write_journaled(computed, fua).await?;
+                return self.check_survives("write");
+            }
             let logging = self.parity_log.is_some();
             // Per job: its member writes and, with a parity log, its entry.
             let mut computed: Vec<(Vec<MemberWrite>, Option<LogRequest>)> = Vec::with_capacity(jobs.len());
@@ -367,6 +421,88 @@ impl<M: Member + ?Sized> Array<M> {
             return self.check_survives("write");
         }
         Err(RaidError::new(ErrorKind::Io, "write: members kept failing"))
+    }
+
+    /// With a journal: logs the jobs' pages a wave at a time, and writes each wave's member
+    /// writes once its units (and all earlier ones) are durable. The log makes them durable,
+    /// so the member writes need no FUA.
+    async fn write_journaled(&self, jobs: Vec<JournaledJob<'_>>, fua: bool) -> Result<()> {
+        let _ = fua; // durable through the journal's FUA unit writes
+        let journal = self.journal.as_ref().expect("a journal");
+        let max_pages = journal.max_wave_pages();
+        let mut jobs = jobs.into_iter().peekable();
+        while jobs.peek().is_some() {
+            let mut wave: Vec<JournaledJob<'_>> = Vec::new();
+            let mut pages = 0;
+            while let Some(job) = jobs.peek() {
+                let n = (job.sectors / crate::journal::JOURNAL_PAGE_SECTORS) as usize
+                    * (job.writes.len() + self.parity_geometry().parity_disks());
+                if !wave.is_empty() && pages + n > max_pages {
+                    break;
+                }
+                pages += n;
+                wave.push(jobs.next().expect("peeked"));
+            }
+            let ticket = {
+                let rows: Vec<LoggedRow<'_>> = wave.iter().flat_map(|job| self.logged_rows(job)).collect();
+                self.journal_log(&rows).await?
+            };
+            let runs = concat_runs(wave.into_iter().flat_map(|j| j.writes).collect());
+            let results = join_all(
+                runs.into_iter()
+                    .map(|w| async move { (w.role, self.write_member(w.role, w.member_sector, w.buf, false).await) }),
+            )
+            .await;
+            for (role, res) in results {
+                if let Err(e) = res {
+                    self.member_failed(role, &e, "write").await;
+                }
+            }
+            drop(ticket); // the member writes are done
+        }
+        Ok(())
+    }
+
+    /// The journal rows (4 KiB stripe rows: data pages, then P and Q) of one job.
+    fn logged_rows<'a>(&self, job: &'a JournaledJob<'_>) -> Vec<LoggedRow<'a>> {
+        static ZERO_PAGE: [u8; crate::journal::JOURNAL_PAGE_BYTES] = [0; crate::journal::JOURNAL_PAGE_BYTES];
+        const PAGE: usize = crate::journal::JOURNAL_PAGE_BYTES;
+        let pg = self.parity_geometry();
+        let (dd, chunk) = (pg.data_disks() as u64, u64::from(pg.chunk_sectors()));
+        let seed = self.journal.as_ref().expect("a journal").seed();
+        let stripe_start = pg.stripe_member_sector(job.stripe);
+        let layout = job.layout;
+        let mut writes: Vec<&MemberWrite> = job.writes.iter().collect();
+        writes.sort_unstable_by_key(|w| w.role);
+        let parity_roles: Vec<usize> = std::iter::once(layout.p_role).chain(layout.q_role).collect();
+        (0..job.sectors / crate::journal::JOURNAL_PAGE_SECTORS)
+            .map(|i| {
+                let row = job.member_sector + i * crate::journal::JOURNAL_PAGE_SECTORS;
+                let page_of = |w: &'a MemberWrite| &w.buf.as_slice()[i as usize * PAGE..(i as usize + 1) * PAGE];
+                let mut payloads = Vec::new();
+                let mut pages = Vec::new();
+                for w in writes.iter().filter(|w| !parity_roles.contains(&w.role)) {
+                    let k = layout.data_roles.iter().position(|&r| r == w.role).expect("a data role") as u64;
+                    let page = page_of(w);
+                    payloads.push(Payload::Data {
+                        array_sector: job.stripe * dd * chunk + k * chunk + (row - stripe_start),
+                        checksum: crc32c_le(seed, page),
+                        flags: 0,
+                    });
+                    pages.push(page);
+                }
+                let mut checksums = Vec::new();
+                for &p in &parity_roles {
+                    // A parity member that is not written gets a page of zeros in the log
+                    // (replay skips members that are not there).
+                    let page = writes.iter().find(|w| w.role == p).map_or(&ZERO_PAGE[..], |w| page_of(w));
+                    checksums.push(crc32c_le(seed, page));
+                    pages.push(page);
+                }
+                payloads.push(Payload::Parity { member_sector: row, checksums, flags: 0 });
+                LoggedRow { payloads, pages }
+            })
+            .collect()
     }
 
     /// The parity log entry of a job (without its checksum), when the job writes P to a
@@ -408,10 +544,14 @@ impl<M: Member + ?Sized> Array<M> {
                 ));
             }
             let full_mask = (1u64 << dd) - 1;
-            let max_rows = if self.parity_log.is_some() { MAX_ENTRY_PP_BYTES as u64 / SECTOR_BYTES } else { u64::MAX };
+            let max_rows = match (&self.parity_log, &self.journal) {
+                (Some(_), _) => MAX_ENTRY_PP_BYTES as u64 / SECTOR_BYTES,
+                (None, Some(_)) => MAX_JOB_ROWS,
+                (None, None) => u64::MAX,
+            };
             let pieces = segments(&w.blocks).into_iter().flat_map(|seg| {
                 // A partial-parity entry holds at most MAX_ENTRY_PP_BYTES: longer rows split.
-                let step = if seg.written == full_mask { u64::MAX } else { max_rows };
+                let step = if seg.written == full_mask && self.journal.is_none() { u64::MAX } else { max_rows };
                 let (lo, hi) = (u64::from(seg.rows.0), u64::from(seg.rows.1));
                 (lo..hi).step_by(step.min(hi - lo).max(1) as usize).map(move |r0| Segment {
                     rows: (r0 as u32, r0.saturating_add(step).min(hi) as u32),
@@ -582,6 +722,11 @@ impl<M: Member + ?Sized> Array<M> {
             }
             Ok::<(), RaidError>(())
         };
+        if self.journal.is_some() {
+            // Zeros go through the journal like any write (a discard not logged could be
+            // undone by the replay of an older unit).
+            return zero_partial(start, end).await;
+        }
         if first_full >= end_full {
             return if trim_only { Ok(()) } else { zero_partial(start, end).await };
         }
@@ -660,6 +805,15 @@ impl<M: Member + ?Sized> Array<M> {
             })
             .collect()
     }
+}
+
+/// One computed job of a journaled write: its stripe, rows and member writes.
+struct JournaledJob<'a> {
+    stripe: u64,
+    layout: &'a StripeLayout,
+    member_sector: u64,
+    sectors: u64,
+    writes: Vec<MemberWrite>,
 }
 
 /// Merges writes that are contiguous on one member into one buffer each.

@@ -77,6 +77,10 @@ pub struct Assembly {
     pub recovering_roles: Vec<usize>,
     /// Members too far behind (`events + 1 < freshest`): name and their event count. Not used.
     pub stale: Vec<(String, u64)>,
+    /// The candidate that is the array's write journal (raid4/5/6, feature `JOURNAL`).
+    pub journal: Option<usize>,
+    /// The array has a journal but no usable journal device was given: md serves it read-only.
+    pub journal_missing: bool,
     /// The array was not shut down clean (`resync_offset != MaxSector`).
     pub dirty: bool,
     /// Some role is missing or rebuilding.
@@ -95,7 +99,11 @@ impl Assembly {
     /// rebuilding the missing member's data from it can return garbage (the write hole). The
     /// kernel refuses to start such an array unless told to (`start_dirty_degraded`).
     pub fn parity_untrusted(&self) -> bool {
-        self.dirty && self.degraded && self.metadata.level.parity_blocks() > 0 && self.metadata.ppl_area().is_none()
+        self.dirty
+            && self.degraded
+            && self.metadata.level.parity_blocks() > 0
+            && self.metadata.ppl_area().is_none()
+            && self.journal.is_none()
     }
 }
 
@@ -150,6 +158,7 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
     let mut faulty = Vec::new();
     let mut stale = Vec::new();
     let mut recovering_roles = Vec::new();
+    let mut journal: Option<usize> = None;
     let mut notices = Vec::new();
     let mut by_dev_number: BTreeMap<u32, usize> = BTreeMap::new();
     let mut by_device_uuid: BTreeMap<MdUuid, usize> = BTreeMap::new();
@@ -244,11 +253,23 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
                 notices.push(format!("{} is recorded as failed and is not used", c.name));
                 faulty.push(i);
             }
+            DevRole::Journal if !fresh.feature_map.contains(FeatureMap::JOURNAL) => {
+                notices.push(format!("{}: a journal device of an array without a journal: not used", c.name));
+            }
+            DevRole::Journal if behind > 1 => {
+                notices.push(format!(
+                    "{} is a stale journal (events {}, array at {}): not used",
+                    c.name, sb.events, fresh.events
+                ));
+            }
             DevRole::Journal => {
-                return Err(cannot(format!(
-                    "cannot assemble {array_name}: {} is a write-journal device, which raidnbd does not support",
-                    c.name
-                )));
+                if let Some(other) = journal {
+                    return Err(cannot(format!(
+                        "cannot assemble {array_name}: {} and {} are both its journal",
+                        candidates[other].name, c.name
+                    )));
+                }
+                journal = Some(i);
             }
         }
     }
@@ -330,11 +351,26 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
     }
 
     let mut metadata = ArrayMetadata::from_superblock(fresh);
-    let member_candidates: Vec<usize> = members.iter().flatten().chain(&spares).copied().collect();
+    let member_candidates: Vec<usize> = members.iter().flatten().chain(&spares).chain(&journal).copied().collect();
     metadata.members = member_candidates.iter().map(|&i| ArrayMetadata::member_from_superblock(sbs[i])).collect();
+    if let Some(j) = journal {
+        metadata.journal_tail = sbs[j].recovery_offset;
+        metadata.members.last_mut().expect("the journal's record").recovery_offset = None;
+    }
+    let journal_missing = metadata.has_journal() && journal.is_none();
+    if journal_missing {
+        notices.push(format!(
+            "{array_name} has a write journal that is missing or stale: it is served read-only (as md does)"
+        ));
+    }
     let dirty = !fresh.is_clean();
     let degraded = !unavailable.is_empty();
-    if dirty && degraded && level.parity_blocks() > 0 && metadata.ppl_area().is_some() {
+    if degraded && journal.is_some() {
+        notices.push(format!(
+            "{array_name} is degraded: its write journal is replayed at start, which makes every stripe \
+             written around a crash whole again"
+        ));
+    } else if dirty && degraded && level.parity_blocks() > 0 && metadata.ppl_area().is_some() {
         notices.push(format!(
             "{array_name} is dirty and degraded: its partial parity log is replayed at start, which makes the \
              parity of the stripes written around the crash right again"
@@ -354,6 +390,8 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
         missing_roles,
         recovering_roles,
         stale,
+        journal,
+        journal_missing,
         dirty,
         degraded,
         notices,

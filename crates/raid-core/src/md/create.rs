@@ -68,6 +68,9 @@ pub struct CreateParams<'a> {
     /// A partial parity log (mdadm `--consistency-policy=ppl`; raid5 only): 1 MiB after the
     /// superblock, with the data offset and the bad-block log moved past it as mdadm does.
     pub ppl: bool,
+    /// A write journal (mdadm `--write-journal`; raid4/5/6): a device of this many bytes,
+    /// after the members (its `dev_number` follows theirs), with the array's data offset.
+    pub journal_bytes: Option<u64>,
 }
 
 /// Builds the metadata of a new array.
@@ -111,6 +114,9 @@ pub fn create(
     let chunk_kib = if level == Level::Raid1 { 0 } else { chunk_sectors / 2 };
     if params.ppl && level != Level::Raid5 {
         return Err(fail("a partial parity log (ppl) is for raid5 only, as in md".into()));
+    }
+    if params.journal_bytes.is_some() && (level.parity_blocks() == 0 || params.ppl) {
+        return Err(fail("a write journal is for raid4/5/6 without a partial parity log, as in md".into()));
     }
     let bm_space = if params.ppl { u64::from(PPL_AREA_SECTORS) } else { bitmap_space_sectors(first_sectors) };
     let data_offset = data_offset_with_space(first_sectors, chunk_kib, bm_space);
@@ -160,7 +166,7 @@ pub fn create(
 
     let uuid = params.uuid.unwrap_or_else(&mut *random_uuid);
     let time = now_secs & TIME_SECS_MASK;
-    let max_dev = default_max_dev(raid_disks as u32);
+    let max_dev = default_max_dev(raid_disks as u32 + u32::from(params.journal_bytes.is_some()));
     let mut dev_roles = vec![DevRole::Spare; max_dev as usize];
     let mut members = Vec::with_capacity(raid_disks - missing.len());
     for (slot, bytes) in slots.iter().enumerate() {
@@ -185,7 +191,36 @@ pub fn create(
             new_offset: 0,
         });
     }
-    let features = if level == Level::Raid0 { FeatureMap::RAID0_LAYOUT } else { FeatureMap::empty() };
+    let mut features = if level == Level::Raid0 { FeatureMap::RAID0_LAYOUT } else { FeatureMap::empty() };
+    if let Some(bytes) = params.journal_bytes {
+        let data_size = (bytes / SECTOR_BYTES).saturating_sub(data_offset);
+        if data_size * SECTOR_BYTES < crate::engine::MIN_JOURNAL_BYTES {
+            return Err(fail(format!(
+                "the journal device of {bytes} bytes leaves {} bytes after the data offset; the journal needs at \
+                 least {}",
+                data_size * SECTOR_BYTES,
+                crate::engine::MIN_JOURNAL_BYTES
+            )));
+        }
+        let bblog = default_bblog(data_offset, size);
+        dev_roles[raid_disks] = DevRole::Journal;
+        members.push(MemberMetadata {
+            dev_number: raid_disks as u32,
+            device_uuid: random_uuid(),
+            data_offset,
+            data_size,
+            super_offset: SUPER_OFFSET_1_2,
+            recovery_offset: None,
+            features: FeatureMap::empty(),
+            devflags: 0,
+            bblog_shift: bblog.map_or(0, |b| b.bblog_shift),
+            bblog_size: bblog.map_or(0, |b| b.bblog_size),
+            bblog_offset: bblog.map_or(0, |b| b.bblog_offset),
+            cnt_corrected_read: 0,
+            new_offset: 0,
+        });
+        features.insert(FeatureMap::JOURNAL);
+    }
     let mut meta = ArrayMetadata {
         uuid,
         set_name,
@@ -200,6 +235,7 @@ pub fn create(
         utime: time,
         features,
         bitmap_offset: 0,
+        journal_tail: 0,
         new_level: 0,
         reshape_position: 0,
         delta_disks: 0,

@@ -85,6 +85,9 @@ pub struct ArrayMetadata {
     pub new_chunk: u32,
     /// `max_dev` entries indexed by `dev_number`.
     pub dev_roles: Vec<DevRole>,
+    /// The write journal's tail (sectors from its data offset), kept in the `recovery_offset`
+    /// slot of the journal device's superblock only (feature `JOURNAL`).
+    pub journal_tail: u64,
     /// The member devices this metadata describes (see [`super::Assembly`] for which candidate each
     /// came from; [`super::create()`] lists present slots in slot order).
     pub members: Vec<MemberMetadata>,
@@ -117,6 +120,7 @@ impl ArrayMetadata {
             new_layout: sb.new_layout,
             new_chunk: sb.new_chunk,
             dev_roles: sb.dev_roles.clone(),
+            journal_tail: 0,
             members: Vec::new(),
         }
     }
@@ -149,7 +153,8 @@ impl ArrayMetadata {
         self.check_invariants();
         let member = &self.members[member_index];
         let mut feature_map = self.features.array_bits() | member.features.device_bits();
-        if member.recovery_offset.is_some() {
+        let journal = self.role(member.dev_number) == DevRole::Journal;
+        if member.recovery_offset.is_some() && !journal {
             feature_map |= FeatureMap::RECOVERY_OFFSET;
         } else {
             feature_map.remove(FeatureMap::RECOVERY_OFFSET);
@@ -174,7 +179,7 @@ impl ArrayMetadata {
             data_offset: member.data_offset,
             data_size: member.data_size,
             super_offset: member.super_offset,
-            recovery_offset: member.recovery_offset.unwrap_or(0),
+            recovery_offset: if journal { self.journal_tail } else { member.recovery_offset.unwrap_or(0) },
             dev_number: member.dev_number,
             cnt_corrected_read: member.cnt_corrected_read,
             device_uuid: member.device_uuid,
@@ -302,6 +307,15 @@ impl ArrayMetadata {
 
     /// md's PPL area: (sectors from the superblock, size in sectors), when the array has one.
     /// It shares the superblock field of `bitmap_offset` (`ppl.offset`, `ppl.size`).
+    pub fn has_journal(&self) -> bool {
+        self.features.contains(FeatureMap::JOURNAL)
+    }
+
+    /// The record of the journal device, if the array has one among its members.
+    pub fn journal_member(&self) -> Option<usize> {
+        self.members.iter().position(|m| self.role(m.dev_number) == DevRole::Journal)
+    }
+
     pub fn ppl_area(&self) -> Option<(i16, u16)> {
         let raw = self.bitmap_offset as u32;
         self.features.intersects(FeatureMap::ANY_PPL).then_some((raw as u16 as i16, (raw >> 16) as u16))

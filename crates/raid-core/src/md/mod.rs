@@ -33,6 +33,7 @@ mod store;
 mod superblock;
 mod uuid;
 
+pub use crate::journal;
 pub use crate::ppl;
 pub use assemble::{Assembly, Candidate, assemble};
 pub use bitmap::{BITMAP_STALE, Bitmap, DEFAULT_BITMAP_CHUNK_BYTES};

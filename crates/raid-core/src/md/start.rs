@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
-use crate::engine::{Array, Device, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, RoleMember};
+use crate::engine::{Array, Device, JournalConfig, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, RoleMember};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Geometry, Level};
+use crate::journal::{JOURNAL_PAGE_SECTORS, journal_seed};
 use crate::md::{
     Assembly, BITMAP_STALE, Bitmap, DEVFLAG_WRITE_MOSTLY, FeatureMap, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES,
 };
@@ -74,8 +75,35 @@ pub async fn start<M: Member + ?Sized>(
         );
         forced_read_only = true;
     }
+    if assembly.journal_missing && !options.read_only {
+        tracing::warn!(
+            "array {} has a write journal, but it is missing or stale: writes could not be journaled, so the \
+             array is served READ-ONLY (as md does)",
+            assembly.metadata.name()
+        );
+        forced_read_only = true;
+    }
     let bitmap = read_bitmap(assembly, members).await;
     let mut array = build(assembly, members, bitmap)?;
+    if let Some((device, config)) = journal_config(assembly, members)? {
+        array = array.with_journal(device, config)?;
+        if !options.read_only && !forced_read_only {
+            let report = array.start_journal().await?;
+            if report.created {
+                tracing::info!("write journal: no valid unit at its tail, a new log was started (as md does)");
+            } else {
+                tracing::info!(
+                    "write journal replayed: {} units, {} stripes rewritten ({} pages of missing members skipped, \
+                     {} data-only stripes, {} invalid payloads)",
+                    report.units,
+                    report.stripes,
+                    report.pages_skipped,
+                    report.data_only_stripes,
+                    report.invalid
+                );
+            }
+        }
+    }
     if let Some(config) = ppl {
         array = array.with_parity_log(config)?;
         if !options.read_only {
@@ -123,6 +151,36 @@ fn parity_log_config(assembly: &Assembly) -> Result<Option<ParityLogConfig>> {
         area_bytes: len,
         signature: ppl_signature(meta.uuid.0),
     }))
+}
+
+/// The journal device and its ring, when the array has one.
+fn journal_config<M: Member + ?Sized>(
+    assembly: &Assembly,
+    members: &[Arc<M>],
+) -> Result<Option<(Device<M>, JournalConfig)>> {
+    let meta = &assembly.metadata;
+    let Some(candidate) = assembly.journal else { return Ok(None) };
+    let index = assembly.member_index_of_candidate(candidate).expect("the journal has a record");
+    let record = &meta.members[index];
+    let bad = |why: String| RaidError::new(ErrorKind::CannotAssemble, format!("array {}: journal {why}", meta.name()));
+    if meta.level.parity_blocks() == 0 {
+        return Err(bad(format!("on {} (md's journal is for raid4/5/6)", meta.level)));
+    }
+    if meta.ppl_area().is_some() || meta.bitmap_offset().is_some() {
+        return Err(bad("together with a PPL or a bitmap (md refuses both)".into()));
+    }
+    let area_sectors = record.data_size / JOURNAL_PAGE_SECTORS * JOURNAL_PAGE_SECTORS;
+    let tail = meta.journal_tail;
+    let tail_sectors = if tail < area_sectors && tail.is_multiple_of(JOURNAL_PAGE_SECTORS) { tail } else { 0 };
+    let device =
+        Device { id: index, member: members[candidate].clone(), data_offset_bytes: record.data_offset * SECTOR_BYTES };
+    let config = JournalConfig {
+        area_offset_bytes: record.data_offset * SECTOR_BYTES,
+        area_sectors,
+        seed: journal_seed(meta.uuid.0),
+        tail_sectors,
+    };
+    Ok(Some((device, config)))
 }
 
 /// Reads the internal write-intent bitmap from the first member that has a valid one.

@@ -21,13 +21,18 @@ pub struct MdStore {
     present: Vec<bool>,
     /// The internal write-intent bitmap, when the array has one.
     bitmap: Option<Bitmap>,
+    /// md's `MD_JOURNAL_CLEAN`: the array has a journal and was clean when assembled, so
+    /// `resync_offset` stays "clean" while it is dirty (the journal replay replaces the
+    /// resync after a crash).
+    journal_clean: bool,
 }
 
 impl MdStore {
     /// `present[i]` says whether `metadata.members[i]` is in the array now.
     pub fn new(metadata: ArrayMetadata, present: Vec<bool>) -> Self {
         assert_eq!(present.len(), metadata.members.len(), "one flag per member record");
-        Self { metadata, present, bitmap: None }
+        let journal_clean = metadata.has_journal() && metadata.is_clean();
+        Self { metadata, present, bitmap: None, journal_clean }
     }
 
     /// Keeps `bitmap` (the array's internal bitmap) up to date with the superblocks.
@@ -130,7 +135,9 @@ impl MetadataStore for MdStore {
 
     fn apply(&mut self, change: &StateChange) -> Result<Vec<SuperblockWrite>, RaidError> {
         match *change {
+            StateChange::Dirty if self.journal_clean => {}
             StateChange::Dirty => self.metadata.set_dirty(),
+            StateChange::JournalTail { sectors } => self.metadata.journal_tail = sectors,
             StateChange::Clean => self.metadata.set_clean(),
             StateChange::ResyncProgress { sectors } => self.metadata.set_resync_offset(sectors),
             StateChange::Faulty { device } => {

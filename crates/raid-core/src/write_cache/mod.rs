@@ -312,6 +312,9 @@ impl<M: Member + ?Sized + 'static> Volume for WriteCache<M> {
     fn flush(&self) -> VolumeFuture<'_, ()> {
         Box::pin(WriteCache::flush(self))
     }
+    fn can_trim(&self) -> bool {
+        Volume::can_trim(&*self.array)
+    }
     fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> VolumeFuture<'_, ()> {
         Box::pin(WriteCache::trim(self, offset_bytes, len_bytes, fua))
     }
