@@ -225,6 +225,7 @@ fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometr
         "update_time": rfc3339(meta.utime_secs()),
         "members": members,
         "spares": a.spares.iter().map(|&c| candidates[c].name.clone()).collect::<Vec<_>>(),
+        "journal": a.journal.map(|c| candidates[c].name.clone()),
         "faulty": a.faulty.iter().map(|&c| candidates[c].name.clone()).collect::<Vec<_>>(),
         "stale": a.stale.iter().map(|(n, e)| json!({"path": n, "events": e})).collect::<Vec<_>>(),
         "notices": a.notices,
@@ -281,7 +282,8 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
         line("Used Dev Size", format!("{} sectors ({})", meta.size, human_bytes(meta.size * SECTOR_BYTES)));
     }
     line("Raid Devices", meta.raid_disks.to_string());
-    line("Total Devices", (assembly.members.iter().flatten().count() + assembly.spares.len()).to_string());
+    let journal = usize::from(assembly.journal.is_some());
+    line("Total Devices", (assembly.members.iter().flatten().count() + assembly.spares.len() + journal).to_string());
     line("Persistence", "Superblock is persistent".into());
     line("Update Time", ctime(meta.utime_secs()));
     line("State", state_words(&assembly));
@@ -306,6 +308,9 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
             }
             None => println!("    {:>6}   {role:>10} removed", "-"),
         }
+    }
+    if let Some(c) = assembly.journal {
+        println!("    {:>6}   {:>10} journal           {}", "-", "-", candidates[c].name);
     }
     for &c in &assembly.spares {
         println!("    {:>6}   {:>10} spare             {}", "-", "-", candidates[c].name);

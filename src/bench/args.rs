@@ -83,7 +83,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MICROSECONDS")]
     pub write_gather_us: Option<u64>,
     /// Passed to `create --consistency-policy` for the RAID5 arrays (ppl, bitmap, resync)
-    /// [default: create's: ppl].
+    /// [default: create's: ppl]; `journal` gives raid4/5/6 md's write journal on one more
+    /// file like the members (throttled like them).
     #[arg(long, value_name = "POLICY")]
     pub consistency_policy: Option<String>,
     /// Serve every member from its own nbdkit (file plugin on 127.0.0.1 TCP) and build the

@@ -147,8 +147,15 @@ pub fn create_array(
     let (devices, member_bytes, keep) = (&plan.devices, plan.member_bytes, plan.keep);
     let mut args: Vec<String> = vec!["create".into()];
     args.extend(array.create_args());
-    if let (Some(policy), Some(raid_core::geometry::Level::Raid5)) = (&plan.consistency_policy, array.level) {
-        args.extend(["--consistency-policy".into(), policy.clone()]);
+    use raid_core::geometry::Level;
+    let journal = plan.consistency_policy.as_deref() == Some("journal")
+        && matches!(array.level, Some(Level::Raid4 | Level::Raid5 | Level::Raid6));
+    match (&plan.consistency_policy, array.level) {
+        _ if journal => {}
+        (Some(policy), Some(Level::Raid5)) if policy != "journal" => {
+            args.extend(["--consistency-policy".into(), policy.clone()]);
+        }
+        _ => {}
     }
     args.extend(["--name".into(), EXPORT.into()]);
     let mut members =
@@ -181,7 +188,20 @@ pub fn create_array(
         args.push("--force".into());
         members.paths = devices[..array.members].to_vec();
     }
+    if journal {
+        // The journal: one more file like the members (throttled like them: a fifth volume).
+        let (Some(dir), None, true) = (&members.files_dir, remote, devices.is_empty()) else {
+            bail!("--consistency-policy journal is for arrays of member files (not devices or remote members)");
+        };
+        let path = dir.join("journal.img").to_string_lossy().into_owned();
+        let _ = std::fs::remove_file(&path);
+        members.files.push(PathBuf::from(&path));
+        args.extend(["--write-journal".into(), path]);
+    }
     args.extend(members.paths.iter().cloned());
+    if let (true, Some(j)) = (journal, members.files.last()) {
+        members.paths.push(j.to_string_lossy().into_owned()); // served with the members
+    }
     let out = Command::new(exe()?)
         .args(&args)
         .env("RUST_LOG", "warn")

@@ -412,7 +412,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Moves the tail as far as completed units allow: member flush, then `journal_tail` in
     /// the superblocks. With `need_room`, waits for units to complete when none has, and
     /// returns once the ring has changed.
-    async fn journal_reclaim(&self, need_room: bool) -> Result<()> {
+    pub(super) async fn journal_reclaim(&self, need_room: bool) -> Result<()> {
         let j = self.journal.as_ref().expect("journal");
         loop {
             listener!(j.changed => changed);
@@ -466,6 +466,15 @@ impl<M: Member + ?Sized> Array<M> {
     /// meta block where the log ended, flushes and records it as the new tail, as md does.
     /// Every logged write is then on the members, so nothing needs a resync.
     pub async fn start_journal(&self) -> Result<JournalReport> {
+        self.walk_journal(true).await
+    }
+
+    /// What a start would replay, writing nothing (for read-only starts).
+    pub async fn scan_journal(&self) -> Result<JournalReport> {
+        self.walk_journal(false).await
+    }
+
+    async fn walk_journal(&self, replay: bool) -> Result<JournalReport> {
         let Some(j) = &self.journal else { return Ok(JournalReport::default()) };
         let mut report = JournalReport::default();
         let ring = j.ring();
@@ -480,6 +489,9 @@ impl<M: Member + ?Sized> Array<M> {
                 (0, random_seq())
             }
         };
+        if report.created && !replay {
+            return Ok(report);
+        }
         if !report.created {
             // Whole units, in seq order, until one is not (at most a ring's worth).
             for _ in 0..ring / JOURNAL_PAGE_SECTORS {
@@ -493,12 +505,15 @@ impl<M: Member + ?Sized> Array<M> {
                 if !self.journal_unit_whole(&mb, pages.as_slice()) {
                     break;
                 }
-                if !self.journal_replay_unit(&mb, pages.as_slice(), &mut report).await? {
+                if !self.journal_replay_unit(&mb, pages.as_slice(), replay, &mut report).await? {
                     break;
                 }
                 report.units += 1;
                 position = (position + mb.unit_sectors()) % ring;
                 seq += 1;
+            }
+            if !replay {
+                return Ok(report);
             }
             if report.data_only_stripes > 0 {
                 // Only md's write-back mode leaves those: their data is acknowledged and
@@ -555,9 +570,15 @@ impl<M: Member + ?Sized> Array<M> {
         true
     }
 
-    /// Writes the stripes of one whole unit that have parity in it. `false` when a payload
+    /// Writes (with `write`) the stripes of one whole unit that have parity in it. `false` when a payload
     /// is one no writer makes (replay stops there, as at a torn unit).
-    async fn journal_replay_unit(&self, mb: &MetaBlock, pages: &[u8], report: &mut JournalReport) -> Result<bool> {
+    async fn journal_replay_unit(
+        &self,
+        mb: &MetaBlock,
+        pages: &[u8],
+        write: bool,
+        report: &mut JournalReport,
+    ) -> Result<bool> {
         let pg = self.geometry.parity().expect("journal arrays have parity");
         let chunk = u64::from(pg.chunk_sectors());
         let dd = pg.data_disks() as u64;
@@ -567,7 +588,7 @@ impl<M: Member + ?Sized> Array<M> {
         for p in &mb.payloads {
             let (row, writes, parity) = match p {
                 Payload::Data { array_sector, .. } => {
-                    if *array_sector + JOURNAL_PAGE_SECTORS > self.geometry.array_sectors()
+                    if array_sector.saturating_add(JOURNAL_PAGE_SECTORS) > self.geometry.array_sectors()
                         || !array_sector.is_multiple_of(JOURNAL_PAGE_SECTORS)
                     {
                         report.invalid += 1;
@@ -580,7 +601,7 @@ impl<M: Member + ?Sized> Array<M> {
                 }
                 Payload::Parity { member_sector, checksums, .. } => {
                     let expected = 1 + usize::from(pg.stripe(0).q_role.is_some());
-                    if member_sector + JOURNAL_PAGE_SECTORS > member_sectors
+                    if member_sector.saturating_add(JOURNAL_PAGE_SECTORS) > member_sectors
                         || !member_sector.is_multiple_of(JOURNAL_PAGE_SECTORS)
                         || checksums.len() != expected
                     {
@@ -611,6 +632,9 @@ impl<M: Member + ?Sized> Array<M> {
                 continue;
             }
             report.stripes += 1;
+            if !write {
+                continue;
+            }
             for (role, page) in writes {
                 if !self.members.slots[role].is_writable() {
                     report.pages_skipped += 1;

@@ -397,6 +397,10 @@ impl<M: Member + ?Sized> Array<M> {
         }
         self.quiesce.stop_and_drain().await;
         self.flush().await?;
+        if self.journal.is_some() {
+            // As md's stop: the tail moves to the last unit (the next start replays only it).
+            self.journal_reclaim(false).await?;
+        }
         if self.dirty.load(Ordering::Acquire) {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             let change = match self.resync_checkpoint() {

@@ -87,7 +87,16 @@ pub async fn start<M: Member + ?Sized>(
     let mut array = build(assembly, members, bitmap)?;
     if let Some((device, config)) = journal_config(assembly, members)? {
         array = array.with_journal(device, config)?;
-        if !options.read_only && !forced_read_only {
+        if options.read_only || forced_read_only {
+            let report = array.scan_journal().await?;
+            if report.units > 1 {
+                tracing::warn!(
+                    "the write journal holds {} units after its tail, not replayed on a read-only start: stripes \
+                     written at a crash may be half written until the array is served read-write once",
+                    report.units
+                );
+            }
+        } else {
             let report = array.start_journal().await?;
             if report.created {
                 tracing::info!("write journal: no valid unit at its tail, a new log was started (as md does)");
