@@ -197,10 +197,10 @@ fn setup_lines(report: &BenchReport) -> Vec<String> {
         s.io_engine,
         if s.buffered { ", buffered" } else { ", O_DIRECT where the filesystem allows" },
     ));
-    lines.push(format!(
-        "- RAID5 consistency policy: {}",
-        s.consistency_policy.as_deref().unwrap_or("create's default (ppl: partial parity log)")
-    ));
+    lines.push(match s.consistency_policy.as_deref() {
+        Some("journal") => "- RAID4/5/6 consistency policy: journal (md's write journal on one more file)".to_string(),
+        other => format!("- RAID5 consistency policy: {}", other.unwrap_or("create's default (ppl: partial parity log)")),
+    });
     lines.push(format!(
         "- RAID4/5/6 full-stripe gathering: {}",
         match s.write_gather_us {

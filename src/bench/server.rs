@@ -189,12 +189,14 @@ pub fn create_array(
         members.paths = devices[..array.members].to_vec();
     }
     if journal {
-        // The journal: one more file like the members (throttled like them: a fifth volume).
-        let (Some(dir), None, true) = (&members.files_dir, remote, devices.is_empty()) else {
-            bail!("--consistency-policy journal is for arrays of member files (not devices or remote members)");
+        // The journal: one more file like the members, local: throttled like them with
+        // --member-bw (a fifth volume), not with --remote-members (a local disk).
+        let (Some(dir), true) = (&members.files_dir, devices.is_empty()) else {
+            bail!("--consistency-policy journal is for arrays of member files (not --devices)");
         };
         let path = dir.join("journal.img").to_string_lossy().into_owned();
         let _ = std::fs::remove_file(&path);
+        member_io::create_sparse_file(Path::new(&path), member_bytes).with_context(|| format!("cannot create {path}"))?;
         members.files.push(PathBuf::from(&path));
         args.extend(["--write-journal".into(), path]);
     }

@@ -10,9 +10,10 @@
 //!
 //! `cargo test` runs a short budget of seeds. `RAIDNBD_SIM_SEEDS=N` runs N seeds (and
 //! `RAIDNBD_SIM_SEED=S` replays one), printing the seed of every failure. It finds the write
-//! hole of RAID5/6 without a log (the check can fail), and nothing on RAID1/10 or on RAID5
+//! hole of RAID5/6 without a log (the check can fail), and nothing on RAID1/10, on RAID5
 //! with the partial parity log (md's PPL: replayed at the restart, after which even without
-//! a resync the parity must agree with the data).
+//! a resync the parity must agree with the data) or on RAID4/5/6 with md's write journal (a
+//! fifth device with the smallest ring, so units wrap and the tail moves often).
 
 mod support;
 
@@ -615,6 +616,19 @@ fn parity_levels_with_a_journal_keep_every_durable_sector() {
         for mode in [Mode::Sequential, Mode::Parallel] {
             let failing = sweep(level, Log::Journal, mode);
             assert!(failing.is_empty(), "{level} with a journal: failing seeds {failing:?}");
+        }
+    }
+}
+
+/// Seeds that found bugs in the journal, each run on every `cargo test`:
+/// - 1, 2, 3: a replay read of a unit that wraps the ring read past the ring's end (a
+///   panic here; on a device, bytes after the ring or an error).
+#[test]
+fn journal_regression_seeds() {
+    for seed in [1, 2, 3] {
+        for mode in [Mode::Sequential, Mode::Parallel] {
+            let out = run(Level::Raid6, Log::Journal, mode, seed);
+            assert!(out.violations.is_empty(), "raid6 with a journal, seed {seed}: {}", out.violations.join("; "));
         }
     }
 }

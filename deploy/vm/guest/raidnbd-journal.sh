@@ -1,26 +1,34 @@
 #!/bin/sh
-# md's write journal (raid5-cache, write-through), raidnbd and the kernel both ways. A RAID6 (4 x 32 MiB, 64K
-# chunk, left-symmetric) with a 32 MiB journal on a fifth disk takes 2 MiB of data (full stripes) and
-# four 4 KiB writes (one over the 2 MiB, three in stripes 17..19: read-modify-write), then a crash.
-# To prove the log is what makes the array right, 24 rows of pages those writes wrote (data, P and
-# Q, on every member) are then overwritten with 0xEE, as if the crash had lost those member writes:
-# without a replay a check finds 192 sectors (raidnbd check, which does not replay, says so).
-#  A. raidnbd creates the array with --write-journal: mdadm --examine says "Device Role : Journal",
-#     mdadm --detail "Consistency Policy : journal", md's check finds 0. raidnbd serves, the writes
-#     go through the kernel NBD client (the tail never moves: ctl status tail_moves 0), the crash is
-#     a SIGKILL; md assembles and replays raidnbd's log ("recovering 0 data-only stripes and N
-#     data-parity stripes", N > 0): the data reads back, md's check finds 0.
-#  B. mdadm --create --write-journal; the writes go through md (journal_tail unchanged); the crash
-#     is simulated (each member's head and the whole journal, saved while md ran, are put back after
-#     the stop). raidnbd serves md's array without role 1 (degraded): "write journal replayed",
-#     read-write, the data reads back (some of it rebuilt through replayed parity), a new write;
-#     orderly stop. md assembles that (role 1 stale), re-adds role 1, recovers: md check 0, data
-#     right; raidnbd check 0. Crash image again, raidnbd serves all four: replay, data right,
-#     raidnbd check 0, md assembles it: md check 0.
+# md's write journal (raid5-cache, write-through), raidnbd and the kernel both ways (RAID6 + journal disk).
+# The array: RAID6, 4 x 32 MiB members, 64K chunk, left-symmetric, a 32 MiB journal on a fifth disk.
+# The known writes: 2 MiB (full stripes, 1 MiB O_DIRECT requests), then four 4 KiB writes (one over
+# the 2 MiB, three read-modify-write in stripes 17..19), no FLUSH. To prove the log is what makes
+# the array right, 24 rows of pages those writes wrote (data, P and Q, on every member, from each
+# member's "Data Offset") are then overwritten with 0xEE, as if the crash had lost those member
+# writes: without a replay a check finds 192 sectors (raidnbd check, which never replays, says so).
+#  A1. raidnbd create --write-journal: mdadm --examine of the journal "Device Role : Journal",
+#      mdadm --detail "Consistency Policy : journal", md check 0.
+#  A2. raidnbd serves (takes md's log), the known writes through the kernel NBD client (ctl status:
+#      tail_moves 0, so every unit is after the tail), SIGKILL, lost pages.
+#  A3. md assembles and replays raidnbd's log ("recovering 0 data-only stripes and N data-parity
+#      stripes", N > 0): the data reads back, md check 0, raidnbd check 0.
+#  A4. raidnbd serves md's replayed array: mkfs.ext4 + 24 MiB of files, umount, the ring wraps
+#      (tail_moves >= 1), SIGKILL; md replays the wrapped log: fsck clean, files (md5), md check 0.
+#  B1. mdadm --create --write-journal --assume-clean; the known writes through md (journal_tail
+#      unchanged); simulated crash: the members' heads and the whole journal, saved while md ran,
+#      put back after the stop, lost pages.
+#  B2. raidnbd serves md's crashed array without role 1 (degraded): "write journal replayed",
+#      read-write (not READ-ONLY, ctl status read_only false), the data reads back (some rebuilt
+#      through replayed parity), a new write; orderly stop.
+#  B3. md assembles that (role 1 stale, degraded), re-adds role 1, recovers: md check 0, data right;
+#      raidnbd check 0.
+#  B4. crash image again, raidnbd serves all four: replay, data right; raidnbd check 0, md check 0.
+#  B5. ext4 + 24 MiB of files through md (md reclaims its log: journal_tail moves), simulated
+#      crash (heads + journal back); raidnbd replays md's log: fsck clean, files; both checks 0.
 # rig-status: enabled
 # rig-needs: raidnbd
 # rig-disks: 5x32M
-# rig-timeout: 900
+# rig-timeout: 600
 . /guest/lib.sh
 ALL="/dev/vda /dev/vdb /dev/vdc /dev/vdd" # roles 0..3
 J=/dev/vde                                # the journal
@@ -94,10 +102,11 @@ writes() { # DEV: the 2 MiB (O_DIRECT, 1 MiB requests), then the four 4 KiB writ
 page_md5() { dd if="$1" bs=4096 skip="$2" count=1 iflag=direct status=none | md5sum | cut -d' ' -f1; }
 file_page_md5() { dd if="$1" bs=4096 skip="$2" count=1 status=none | md5sum | cut -d' ' -f1; } # tmpfs: no O_DIRECT
 lose_pages() { # the crash lost those member writes: the GARBAGE pages := 0xEE
-  lp_do=$(data_offset /dev/vda)
   echo "$GARBAGE" | while IFS='|' read -r role blk cnt ablk what; do
     [ -n "$role" ] || continue
     dev=$(disk "$role")
+    lp_do=$(data_offset "$dev") # sectors
+    [ -n "$lp_do" ] && [ $((lp_do % 8)) -eq 0 ] || fail "data offset '$lp_do' of $dev"
     k=0
     while [ "$k" -lt "$cnt" ]; do
       got=$(page_md5 "$dev" $((lp_do / 8 + blk + k)))
@@ -117,8 +126,8 @@ md_check() { # -> mismatch_cnt of md's check of the running /dev/md0
   md_wait_idle /dev/md0 >&2
   cat /sys/block/md0/md/mismatch_cnt
 }
-raidnbd_check() { # [MEMBER...] -> mismatch_cnt of raidnbd check (offline; never replays the log)
-  raidnbd check --json ${*:-$ALLJ} > /tmp/check.json 2> /tmp/check.err || true
+raidnbd_check() { # -> mismatch_cnt of raidnbd check (offline, all members; it never replays the log)
+  raidnbd check --json $ALLJ > /tmp/check.json 2> /tmp/check.err || true
   cat /tmp/check.err >&2
   json_number mismatch_cnt /tmp/check.json
 }
@@ -190,6 +199,38 @@ expect_eq "$(md_check)" 0 "md's check after replaying raidnbd's journal"
 run mdadm --stop /dev/md0
 expect_eq "$(raidnbd_check)" 0 "raidnbd check after md's replay"
 
+step "A4. raidnbd serves again: ext4 through the kernel client, the ring wraps; SIGKILL; md replays"
+raidnbd_serve $ALLJ
+raidnbd_last_log | grep 'write journal' || fail "raidnbd did not take md's log after md's replay"
+nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 1
+mkfs_ext4 /dev/nbd0
+mkdir -p /mnt/a
+run mount -t ext4 /dev/nbd0 /mnt/a
+fill_tree /mnt/a/f 24 1024 /tmp/a4.md5
+run umount /mnt/a
+run blockdev --flushbufs /dev/nbd0
+raidnbd_status_json > /dev/null
+sed -n '/"journal"/,/}/p' /tmp/raidnbd-status.json
+moves=$(sed -n '/"journal"/,/}/p' /tmp/raidnbd-status.json | sed -n 's/.*"tail_moves": *\([0-9]*\).*/\1/p')
+[ "${moves:-0}" -ge 1 ] || fail "journal tail_moves is '${moves}': the ring did not wrap"
+raidnbd_stop KILL
+nbd_detach /dev/nbd0
+echo "journal_tail after the crash: $(journal_tail) sectors"
+dmesg_mark
+run mdadm --assemble /dev/md0 $ALLJ
+dmesg_md
+rec=$(recovered_stripes)
+echo "md recovered (data-only, data-parity): ${rec:-none}"
+[ -n "$rec" ] || fail "no 'recovering ... data-parity stripes' line from md"
+expect_eq "${rec%% *}" 0 "md's data-only stripes"
+[ "${rec##* }" -gt 0 ] || fail "md replayed 0 data-parity stripes of raidnbd's wrapped journal"
+fsck_clean /dev/md0
+run mount -t ext4 -o ro /dev/md0 /mnt/a
+verify_tree /mnt/a/f /tmp/a4.md5
+run umount /mnt/a
+expect_eq "$(md_check)" 0 "md's check after replaying raidnbd's wrapped journal"
+run mdadm --stop /dev/md0
+
 step "B1. mdadm --create --write-journal; writes through md; simulated crash"
 for d in $ALLJ; do run dd if=/dev/zero of="$d" bs=1M count=32 oflag=direct status=none; done
 run mdadm --create /dev/md0 --metadata=1.2 --run --level=6 --layout=left-symmetric --chunk=64 --raid-devices=4 \
@@ -232,6 +273,7 @@ run dd if=/tmp/new of=/dev/nbd0 bs=4096 count=1 seek=545 oflag=direct status=non
 region_is /dev/nbd0 /tmp/expected2 "raidnbd, degraded, after a new write"
 raidnbd_status_json > /dev/null
 sed -n '/"journal"/,/}/p' /tmp/raidnbd-status.json
+expect_eq "$(grep -c '"read_only": false' /tmp/raidnbd-status.json)" 1 "ctl status read_only false"
 nbd_detach /dev/nbd0
 raidnbd_stop
 for d in $ALLJ; do echo "$d: $(mdadm --examine "$d" | grep -E 'State :|Events|Device Role' | tr -s ' ' | tr '\n' ' ')"; done
@@ -267,5 +309,47 @@ mdadm --detail /dev/md0 | contains 'Consistency Policy : journal' || fail "md lo
 expect_eq "$(cat /sys/block/md0/md/degraded)" 0 "md degraded members"
 expect_eq "$(md_check)" 0 "md's check after raidnbd's replay"
 region_is /dev/md0 /tmp/expected2 "md after raidnbd's replay"
+
+step "B5. ext4 through md (md reclaims its log); simulated crash; raidnbd replays md's log"
+tailb=$(journal_tail)
+mkfs_ext4 /dev/md0
+mkdir -p /mnt/b
+run mount -t ext4 /dev/md0 /mnt/b
+fill_tree /mnt/b/f 24 1024 /tmp/b5.md5
+run umount /mnt/b
+wait_clean
+tail1=$(journal_tail)
+echo "md's journal_tail: $tailb before ext4, $tail1 after"
+[ "$tail1" != "$tailb" ] || fail "md did not move its journal tail (expected a reclaim after ~50 MiB of log)"
+for n in 1 2 3; do
+  i=0
+  for d in $ALL; do run dd if="$d" of=/tmp/head$i bs=512 count="$DO" iflag=direct status=none; i=$((i + 1)); done
+  run dd if=$J of=/tmp/journal bs=1M count=32 iflag=direct status=none
+  [ "$(journal_tail)" != "$tail1" ] || break
+  tail1=$(journal_tail); echo "md moved its tail during the copy: again"
+done
+run mdadm --stop /dev/md0
+tail0=$tail1
+crash_restore() { # the saved heads and journal back (no page is lost: where ext4 wrote is not known here)
+  i=0
+  for d in $ALL; do run dd if=/tmp/head$i of="$d" bs=512 oflag=direct conv=notrunc status=none; i=$((i + 1)); done
+  run dd if=/tmp/journal of=$J bs=1M oflag=direct conv=notrunc status=none
+  expect_eq "$(journal_tail)" "$tail0" "journal_tail of the saved journal"
+}
+crash_restore
+raidnbd_serve $ALLJ
+raidnbd_last_log | grep 'write journal' || true
+rew=$(raidnbd_last_log | sed -n 's/.*write journal replayed: [0-9]* units, \([0-9]*\) stripes rewritten.*/\1/p')
+[ "${rew:-0}" -gt 0 ] || fail "raidnbd rewrote '${rew}' stripes from md's log (expected some)"
+nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 1
+fsck_clean /dev/nbd0
+run mount -t ext4 -o ro /dev/nbd0 /mnt/b
+verify_tree /mnt/b/f /tmp/b5.md5
+run umount /mnt/b
+nbd_detach /dev/nbd0
+raidnbd_stop
+expect_eq "$(raidnbd_check)" 0 "raidnbd check after its replay of md's log"
+run mdadm --assemble /dev/md0 $ALLJ
+expect_eq "$(md_check)" 0 "md's check after raidnbd's replay of md's log"
 run mdadm --stop /dev/md0
 step "done"
