@@ -199,7 +199,9 @@ fn setup_lines(report: &BenchReport) -> Vec<String> {
     ));
     lines.push(match s.consistency_policy.as_deref() {
         Some("journal") => "- RAID4/5/6 consistency policy: journal (md's write journal on one more file)".to_string(),
-        other => format!("- RAID5 consistency policy: {}", other.unwrap_or("create's default (ppl: partial parity log)")),
+        other => {
+            format!("- RAID5 consistency policy: {}", other.unwrap_or("create's default (ppl: partial parity log)"))
+        }
     });
     lines.push(format!(
         "- RAID4/5/6 full-stripe gathering: {}",

@@ -196,7 +196,8 @@ pub fn create_array(
         };
         let path = dir.join("journal.img").to_string_lossy().into_owned();
         let _ = std::fs::remove_file(&path);
-        member_io::create_sparse_file(Path::new(&path), member_bytes).with_context(|| format!("cannot create {path}"))?;
+        member_io::create_sparse_file(Path::new(&path), member_bytes)
+            .with_context(|| format!("cannot create {path}"))?;
         members.files.push(PathBuf::from(&path));
         args.extend(["--write-journal".into(), path]);
     }

@@ -44,8 +44,9 @@ pub(crate) const MAX_UNIT_PAGES: usize = 256;
 pub(crate) const MAX_WAVE_PAGES: usize = 1024;
 /// The smallest ring raidnbd runs a journal on.
 pub const MIN_JOURNAL_BYTES: u64 = 256 << 10;
-/// Member sectors (rows) of one job at most: 128 KiB of a chunk per member.
-pub(crate) const MAX_JOB_ROWS: u64 = 256;
+/// Member sectors (rows) of one job at most: 128 KiB of a chunk per member (fewer on a
+/// small ring: a job fits in one wave).
+const MAX_JOB_ROWS: u64 = 256;
 
 /// Where the ring is and where replay starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +164,13 @@ impl<M: ?Sized> Journal<M> {
         if d == 0 && !st.units.is_empty() { ring } else { d }
     }
 
+    /// Rows (member sectors, whole pages) of one job, so that its pages, at most one per
+    /// device and row and twice parity, fit in one wave.
+    pub(super) fn max_job_rows(&self, devices: usize) -> u64 {
+        let page_rows = (self.max_wave_pages() / (2 * devices + 2)).max(1) as u64;
+        (page_rows * JOURNAL_PAGE_SECTORS).min(MAX_JOB_ROWS)
+    }
+
     pub(super) fn seed(&self) -> u32 {
         self.config.seed
     }
@@ -234,7 +242,7 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(bad(format!("tail at sector {} is outside the ring", config.tail_sectors)));
         }
         let wave_pages = MAX_WAVE_PAGES.min((config.area_sectors / JOURNAL_PAGE_SECTORS / 4) as usize) as u64;
-        if wave_pages < self.members.slots.len() as u64 + 1 {
+        if wave_pages < 2 * self.members.slots.len() as u64 + 2 {
             return Err(bad("the ring is too small for one stripe row per wave".into()));
         }
         self.members.next_device_id.fetch_max(device.id + 1, Ordering::AcqRel);
@@ -284,6 +292,8 @@ impl<M: Member + ?Sized> Array<M> {
             .iter()
             .map(|u| (1 + u.iter().map(|r| r.pages.len() as u64).sum::<u64>()) * JOURNAL_PAGE_SECTORS)
             .sum();
+        // A wave fits a quarter of the ring (plus its meta blocks), so room always comes.
+        assert!(sectors < j.ring() / 2, "a wave of {sectors} sectors on a ring of {}", j.ring());
         // Reserve room (units are placed and numbered in ring order).
         let (first_seq, mut position) = loop {
             {

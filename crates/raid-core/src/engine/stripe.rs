@@ -12,7 +12,7 @@
 use futures::future::join_all;
 
 use super::io::Piece;
-use super::journal::{LoggedRow, MAX_JOB_ROWS};
+use super::journal::LoggedRow;
 use super::parity_log::{Footprint, LogRequest, MAX_ENTRY_PP_BYTES, MAX_WAVE_ENTRIES, MAX_WAVE_PP_BYTES};
 use super::read_data::{ReadAssembler, ReadData};
 use super::stripe_plan::{Mode, Segment, StripeWrite, choose_mode, segments, stripe_writes};
@@ -381,7 +381,7 @@ impl<M: Member + ?Sized> Array<M> {
                     self.compute_job(job, write, &layouts, src, &mut member_writes, false);
                     computed.push(JournaledJob { stripe, layout, member_sector, sectors, writes: member_writes });
                 }
-                self.write_journaled(computed, fua).await?;
+                self.write_journaled(computed).await?; // FUA or not: durable in the journal
                 return self.check_survives("write");
             }
             let logging = self.parity_log.is_some();
@@ -426,8 +426,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// With a journal: logs the jobs' pages a wave at a time, and writes each wave's member
     /// writes once its units (and all earlier ones) are durable. The log makes them durable,
     /// so the member writes need no FUA.
-    async fn write_journaled(&self, jobs: Vec<JournaledJob<'_>>, fua: bool) -> Result<()> {
-        let _ = fua; // durable through the journal's FUA unit writes
+    async fn write_journaled(&self, jobs: Vec<JournaledJob<'_>>) -> Result<()> {
         let journal = self.journal.as_ref().expect("a journal");
         let max_pages = journal.max_wave_pages();
         let mut jobs = jobs.into_iter().peekable();
@@ -435,6 +434,7 @@ impl<M: Member + ?Sized> Array<M> {
             let mut wave: Vec<JournaledJob<'_>> = Vec::new();
             let mut pages = 0;
             while let Some(job) = jobs.peek() {
+                // At most: its rows times its member writes (data and parity) and P and Q.
                 let n = (job.sectors / crate::journal::JOURNAL_PAGE_SECTORS) as usize
                     * (job.writes.len() + self.parity_geometry().parity_disks());
                 if !wave.is_empty() && pages + n > max_pages {
@@ -546,7 +546,7 @@ impl<M: Member + ?Sized> Array<M> {
             let full_mask = (1u64 << dd) - 1;
             let max_rows = match (&self.parity_log, &self.journal) {
                 (Some(_), _) => MAX_ENTRY_PP_BYTES as u64 / SECTOR_BYTES,
-                (None, Some(_)) => MAX_JOB_ROWS,
+                (None, Some(j)) => j.max_job_rows(self.members.slots.len()),
                 (None, None) => u64::MAX,
             };
             let pieces = segments(&w.blocks).into_iter().flat_map(|seg| {
