@@ -142,8 +142,15 @@ pub(super) struct JournalTicket<'a, M: ?Sized> {
 impl<M: ?Sized> Drop for JournalTicket<'_, M> {
     fn drop(&mut self) {
         let mut st = self.journal.lock();
+        let mut lost = false;
         for u in st.units.iter_mut().filter(|u| self.seqs.contains(&u.seq)) {
             u.done = true;
+            lost |= !u.durable;
+        }
+        if lost {
+            // A writer dropped between reserving its units and writing them: later units
+            // would wait for them forever, and the tail must not move onto them.
+            st.failed = true;
         }
         drop(st);
         self.journal.changed.notify(usize::MAX);
