@@ -444,7 +444,11 @@ impl<M: Member + ?Sized> Array<M> {
                 return Ok(());
             }
             let candidate = {
-                let st = j.lock();
+                let mut st = j.lock();
+                let done = st.units.iter().take_while(|u| u.done).count();
+                if done > 0 && st.units[done - 1].position == st.tail {
+                    st.units.drain(..done); // the tail unit itself: nothing to move
+                }
                 let done = st.units.iter().take_while(|u| u.done).count();
                 (done > 0).then(|| (done, st.units[done - 1].position))
             };
