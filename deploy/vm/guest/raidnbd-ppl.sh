@@ -100,6 +100,9 @@ step "B1. mdadm --create --consistency-policy=ppl; writes through md; simulated 
 for d in $ALL; do run dd if=/dev/zero of="$d" bs=1M count=32 oflag=direct status=none; done
 run mdadm --create /dev/md0 --metadata=1.2 --run --level=5 --layout=left-symmetric --chunk=64 --raid-devices=4 \
   --consistency-policy=ppl --assume-clean $ALL
+# md marks the array clean again 200 ms after the last write; the heads below must all be
+# taken while it is still dirty (else the freshest superblock says clean and no replay runs).
+run sh -c 'echo 600 > /sys/block/md0/md/safe_mode_delay'
 run dd if=/tmp/a of=/dev/md0 bs=1M oflag=direct status=none
 run sync
 small_writes /dev/md0
@@ -116,7 +119,9 @@ crash_image() { # put the saved heads back and make the four parity rows stale
   stale_parity
 }
 crash_image
-expect_eq "$(mdadm --examine /dev/vda | sed -n 's/^ *State : //p')" active "superblock state of the saved head"
+for d in $ALL; do
+  expect_eq "$(mdadm --examine "$d" | sed -n 's/^ *State : //p')" active "superblock state of the saved head of $d"
+done
 expect_eq "$(raidnbd_check)" 32 "raidnbd check (no replay) of md's crashed array (precondition)"
 
 step "B2. raidnbd serves md's dirty array degraded: replay, read-write, data rebuilt right"
