@@ -9,6 +9,7 @@ mod crash;
 mod ctl_rebuild;
 mod fairness;
 mod io_shape;
+mod journal;
 mod metrics;
 mod remote_members;
 mod serve_clients;
