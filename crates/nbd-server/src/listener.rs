@@ -411,6 +411,10 @@ impl Server {
             idle_timeout: self.inner.config.idle_timeout,
             stall_timeout: self.inner.config.stall_timeout,
             shutdown,
+            send_file: crate::send_file::SendFilePolicy::new(
+                self.inner.connection_slots.clone(),
+                self.inner.config.max_connections,
+            ),
         };
         transmission::run(reader, writer, buf, t).await
     }

@@ -93,6 +93,7 @@ pub(crate) struct Transmission {
     /// `ServerConfig::stall_timeout`.
     pub stall_timeout: std::time::Duration,
     pub shutdown: CancellationToken,
+    pub send_file: crate::send_file::SendFilePolicy,
 }
 
 pub(crate) async fn run<R, W>(reader: R, writer: W, read_buf: BytesMut, t: Transmission) -> Result<()>
@@ -104,7 +105,12 @@ where
     let abort = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(t.max_requests));
     let stall_timeout = t.stall_timeout;
-    let shared = Arc::new(Mutex::new(SocketWriter { writer, scratch: Vec::with_capacity(16 * 1024), stall_timeout }));
+    let shared = Arc::new(Mutex::new(SocketWriter {
+        writer,
+        scratch: Vec::with_capacity(16 * 1024),
+        stall_timeout,
+        send_file: t.send_file.clone(),
+    }));
     let writer_task = tokio::spawn(write_loop(shared.clone(), rx, abort.clone()).in_current_span());
 
     let bytes = ByteBudget::new(t.in_flight_bytes.clone(), t.in_flight_pool_bytes);

@@ -37,6 +37,8 @@ pub(super) struct SocketWriter<W> {
     /// A batch the client does not take within this long ends the connection
     /// (`ServerConfig::stall_timeout`): its permits go back to the others.
     pub(super) stall_timeout: Duration,
+    /// Whether file ranges go out with `sendfile` now (else through a buffer).
+    pub(super) send_file: crate::send_file::SendFilePolicy,
 }
 
 pub(super) type SharedWriter<W> = Arc<Mutex<SocketWriter<W>>>;
@@ -138,13 +140,19 @@ pub(super) async fn write_loop<W: ReplySink>(
 /// stall timeout.
 pub(super) async fn write_batch<W: ReplySink>(socket: &mut SocketWriter<W>, batch: &[Outgoing]) -> Result<()> {
     let stall = socket.stall_timeout;
+    let use_sendfile = socket.send_file.use_sendfile();
     let SocketWriter { writer, scratch, .. } = socket;
-    tokio::time::timeout(stall, write_replies(writer, batch, scratch))
+    tokio::time::timeout(stall, write_replies(writer, batch, scratch, use_sendfile))
         .await
         .map_err(|_| Error::Stalled { what: "reading its replies", after: stall })?
 }
 
-async fn write_replies<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch: &mut Vec<u8>) -> Result<()> {
+async fn write_replies<W: ReplySink>(
+    writer: &mut W,
+    batch: &[Outgoing],
+    scratch: &mut Vec<u8>,
+    use_sendfile: bool,
+) -> Result<()> {
     scratch.clear();
     let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(batch.len() * 2);
     for outgoing in batch {
@@ -187,7 +195,10 @@ async fn write_replies<W: ReplySink>(writer: &mut W, batch: &[Outgoing], scratch
             // What is queued goes out first, in the same call.
             Piece::File(range) => {
                 sent_files += slices.iter().map(|s| s.len()).sum::<usize>() + range.len as usize;
-                writer.write_then_send_file(&mut slices, range).await?;
+                match use_sendfile {
+                    true => writer.write_then_send_file(&mut slices, range).await?,
+                    false => crate::send_file::write_then_copy_file(writer, &mut slices, range).await?,
+                }
                 slices.clear();
             }
         }
