@@ -68,6 +68,18 @@ mod md_journal {
         m
     }
 
+    /// The assembly of `devices` from the superblocks on them.
+    pub(super) fn assemble(devices: &[Arc<dyn Member>]) -> md::Assembly {
+        let candidates: Vec<Candidate> = devices
+            .iter()
+            .map(|m| {
+                let area = block_on(md::read_superblock_area(m.as_ref())).unwrap();
+                Candidate::from_bytes(m.name(), m.len_bytes(), &area)
+            })
+            .collect();
+        md::assemble(&candidates).expect("assemble")
+    }
+
     fn superblock(head: &[u8]) -> Superblock {
         Superblock::decode(&padded(head)[4096..8192]).unwrap_or_else(|e| panic!("{}", e.message))
     }
@@ -155,14 +167,7 @@ mod md_journal {
             let journal = device("j", journal_bytes, &fixture(&format!("{name}-written-j.head.bin")), DATA_AT, &log);
             devices.push(journal.clone());
             let as_dyn: Vec<Arc<dyn Member>> = devices.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-            let candidates: Vec<Candidate> = as_dyn
-                .iter()
-                .map(|m| {
-                    let area = block_on(md::read_superblock_area(m.as_ref())).unwrap();
-                    Candidate::from_bytes(m.name(), m.len_bytes(), &area)
-                })
-                .collect();
-            let assembly = md::assemble(&candidates).expect("assemble");
+            let assembly = assemble(&as_dyn);
             assert_eq!(assembly.journal, Some(members), "{name}: the journal is found");
             let started = block_on(md::start(&assembly, &as_dyn, StartOptions::default())).expect("start");
             assert!(!started.forced_read_only && !started.array.maintenance_status().resync_pending, "{name}");
@@ -193,7 +198,7 @@ mod md_journal {
 /// Hostile logs: payloads that point outside the array or at the wrong sectors, with valid
 /// checksums, end the replay there (what came before is replayed); nothing panics.
 mod md_journal_hostile {
-    use super::md_journal::padded;
+    use super::md_journal::{assemble, padded};
     use super::*;
 
     #[test]
@@ -245,15 +250,7 @@ mod md_journal_hostile {
                 })
                 .collect();
             devices.push(journal as Arc<dyn Member>);
-            let candidates: Vec<Candidate> = devices
-                .iter()
-                .map(|m| {
-                    let area = block_on(md::read_superblock_area(m.as_ref())).unwrap();
-                    Candidate::from_bytes(m.name(), m.len_bytes(), &area)
-                })
-                .collect();
-            let assembly = md::assemble(&candidates).expect("assemble");
-            let started = block_on(md::start(&assembly, &devices, StartOptions::default()));
+            let started = block_on(md::start(&assemble(&devices), &devices, StartOptions::default()));
             let started = started.unwrap_or_else(|e| panic!("case {k}: {}", e.message));
             // The units before the bad one were replayed: row 0 of the first write is there.
             let w1 = read("j4-w1.data");

@@ -168,28 +168,29 @@ pub fn create(
     let time = now_secs & TIME_SECS_MASK;
     let max_dev = default_max_dev(raid_disks as u32 + u32::from(params.journal_bytes.is_some()));
     let mut dev_roles = vec![DevRole::Spare; max_dev as usize];
-    let mut members = Vec::with_capacity(raid_disks - missing.len());
+    let bblog = if params.ppl { bblog_with_space(data_offset, bm_space) } else { default_bblog(data_offset, size) };
+    let mut record = |dev_number: usize, data_size: u64| MemberMetadata {
+        dev_number: dev_number as u32,
+        device_uuid: random_uuid(),
+        data_offset,
+        data_size,
+        super_offset: SUPER_OFFSET_1_2,
+        recovery_offset: None,
+        features: FeatureMap::empty(),
+        devflags: 0,
+        bblog_shift: bblog.map_or(0, |b| b.bblog_shift),
+        bblog_size: bblog.map_or(0, |b| b.bblog_size),
+        bblog_offset: bblog.map_or(0, |b| b.bblog_offset),
+        cnt_corrected_read: 0,
+        new_offset: 0,
+    };
+    let mut members = Vec::with_capacity(raid_disks - missing.len() + 1);
     for (slot, bytes) in slots.iter().enumerate() {
         if bytes.is_none() {
             continue;
         }
         dev_roles[slot] = DevRole::Active(slot as u16);
-        let bblog = if params.ppl { bblog_with_space(data_offset, bm_space) } else { default_bblog(data_offset, size) };
-        members.push(MemberMetadata {
-            dev_number: slot as u32,
-            device_uuid: random_uuid(),
-            data_offset,
-            data_size: data_sizes[slot],
-            super_offset: SUPER_OFFSET_1_2,
-            recovery_offset: None,
-            features: FeatureMap::empty(),
-            devflags: 0,
-            bblog_shift: bblog.map_or(0, |b| b.bblog_shift),
-            bblog_size: bblog.map_or(0, |b| b.bblog_size),
-            bblog_offset: bblog.map_or(0, |b| b.bblog_offset),
-            cnt_corrected_read: 0,
-            new_offset: 0,
-        });
+        members.push(record(slot, data_sizes[slot]));
     }
     let mut features = if level == Level::Raid0 { FeatureMap::RAID0_LAYOUT } else { FeatureMap::empty() };
     if let Some(bytes) = params.journal_bytes {
@@ -202,23 +203,8 @@ pub fn create(
                 crate::engine::MIN_JOURNAL_BYTES
             )));
         }
-        let bblog = default_bblog(data_offset, size);
         dev_roles[raid_disks] = DevRole::Journal;
-        members.push(MemberMetadata {
-            dev_number: raid_disks as u32,
-            device_uuid: random_uuid(),
-            data_offset,
-            data_size,
-            super_offset: SUPER_OFFSET_1_2,
-            recovery_offset: None,
-            features: FeatureMap::empty(),
-            devflags: 0,
-            bblog_shift: bblog.map_or(0, |b| b.bblog_shift),
-            bblog_size: bblog.map_or(0, |b| b.bblog_size),
-            bblog_offset: bblog.map_or(0, |b| b.bblog_offset),
-            cnt_corrected_read: 0,
-            new_offset: 0,
-        });
+        members.push(record(raid_disks, data_size));
         features.insert(FeatureMap::JOURNAL);
     }
     let mut meta = ArrayMetadata {
