@@ -83,14 +83,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         if args.members[..i].contains(arg) {
             bail!("member {arg} is given twice");
         }
-        prepare_member_file(arg, args.size)?;
-        let member = open_member(arg, &options).await?;
-        if !args.force
-            && let Some(what) = find_signature(member.as_ref()).await?
-        {
-            bail!("{arg} already holds {what}; use --force to overwrite it");
-        }
-        slots.push(Some((arg.clone(), member)));
+        slots.push(Some((arg.clone(), open_new_member(arg, &args, &options).await?)));
     }
     let members_bytes: Vec<Option<u64>> = slots.iter().map(|s| s.as_ref().map(|(_, m)| m.len_bytes())).collect();
     let policy = choose_policy(&args, level)?;
@@ -99,14 +92,7 @@ pub async fn run(args: CreateArgs) -> Result<()> {
             if args.members.contains(arg) {
                 bail!("--write-journal {arg} is one of the members");
             }
-            prepare_member_file(arg, args.size)?;
-            let member = open_member(arg, &options).await?;
-            if !args.force
-                && let Some(what) = find_signature(member.as_ref()).await?
-            {
-                bail!("{arg} already holds {what}; use --force to overwrite it");
-            }
-            Some((arg.clone(), member))
+            Some((arg.clone(), open_new_member(arg, &args, &options).await?))
         }
         None => None,
     };
@@ -230,6 +216,19 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         println!("note: {missing} slot(s) left empty: the array starts degraded");
     }
     Ok(())
+}
+
+/// Opens a device `create` will write (making the file when `--size` is given), refusing
+/// one that holds data unless `--force`.
+async fn open_new_member(arg: &str, args: &CreateArgs, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
+    prepare_member_file(arg, args.size)?;
+    let member = open_member(arg, options).await?;
+    if !args.force
+        && let Some(what) = find_signature(member.as_ref()).await?
+    {
+        bail!("{arg} already holds {what}; use --force to overwrite it");
+    }
+    Ok(member)
 }
 
 /// Sets md's write-mostly devflag on the members named by `--write-mostly`.

@@ -295,7 +295,15 @@ impl<M: Member + ?Sized> Array<M> {
         let (first, last) = (start / PAGE * PAGE, end.div_ceil(PAGE) * PAGE);
         let mut buf = AlignedBuf::zeroed(((last - first) * SECTOR_BYTES) as usize);
         let page = PAGE as usize * SECTOR_BYTES as usize;
-        for at in [first, last - PAGE] {
+        // Only the pages the write covers in part are read, each once.
+        let mut partial = Vec::with_capacity(2);
+        if start != first {
+            partial.push(first);
+        }
+        if end != last && partial.last() != Some(&(last - PAGE)) {
+            partial.push(last - PAGE);
+        }
+        for at in partial {
             let old = self.read_striped_in(at, page, true).await?.to_vec();
             let off = ((at - first) * SECTOR_BYTES) as usize;
             buf.as_mut_slice()[off..off + page].copy_from_slice(&old);
