@@ -23,8 +23,10 @@ use tokio::net::{TcpStream, UnixStream, tcp, unix};
 
 use crate::device::FileRange;
 
-/// Largest piece of a file copied at once when the stream cannot take it with `sendfile`.
-const COPY_PIECE_BYTES: usize = 256 * 1024;
+/// Largest piece of a file copied at once when it does not go out with `sendfile`: a 1 MiB
+/// read is one `write` (in 256 KiB pieces, four connections on two CPUs reached 0.87x of
+/// `nbdkit file`; whole, 1.03-1.18x).
+const COPY_PIECE_BYTES: usize = 4 << 20;
 
 /// The write half of a connection: any `AsyncWrite`, plus a way to send file ranges.
 pub trait ReplySink: AsyncWrite + Unpin + Send + 'static {
