@@ -27,10 +27,6 @@ fn tls_uri(served: &Served, export: &str, query: &str) -> String {
     format!("nbds://localhost:{}/{export}?{query}", served.port)
 }
 
-fn output(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
-}
-
 #[track_caller]
 fn assert_fails(cmd: &mut Command, what: &str) -> String {
     let out = output(cmd);

@@ -147,10 +147,56 @@ impl Drop for Served {
     }
 }
 
-/// Runs a command, asserting success; returns stdout.
+/// How long a client command may run before it counts as hung: the clients these tests
+/// run finish in seconds, so a client still waiting after this has met a server that
+/// stopped answering, and the test fails naming it instead of hanging the suite.
+pub const CLIENT_DEADLINE: Duration = Duration::from_secs(180);
+
+/// Runs a command to completion within [`CLIENT_DEADLINE`], capturing its output; past
+/// the deadline it is killed and the test fails with what it printed so far.
+#[track_caller]
+pub fn output(cmd: &mut Command) -> Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let deadline = Instant::now() + CLIENT_DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for a client") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let (out, err) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+            panic!(
+                "{cmd:?} still running after {CLIENT_DEADLINE:?} (killed): {}\n{}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() }
+}
+
+/// Runs a command within [`CLIENT_DEADLINE`], asserting success; returns stdout.
 #[track_caller]
 pub fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = output(cmd);
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}\n{}",
