@@ -150,30 +150,46 @@ impl Drop for Served {
 /// How long a client command may run before it counts as hung: the clients these tests
 /// run finish in seconds, so a client still waiting after this has met a server that
 /// stopped answering, and the test fails naming it instead of hanging the suite.
-pub const CLIENT_DEADLINE: Duration = Duration::from_secs(180);
+pub const CLIENT_DEADLINE: Duration = Duration::from_secs(300);
 
 /// Runs a command to completion within [`CLIENT_DEADLINE`], capturing its output; past
 /// the deadline it is killed and the test fails with what it printed so far.
 #[track_caller]
 pub fn output(cmd: &mut Command) -> Output {
+    output_within(cmd, CLIENT_DEADLINE)
+}
+
+/// [`output`] with another deadline.
+#[track_caller]
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
     use std::io::Read;
     use std::process::Stdio;
+    use std::sync::{Arc, Mutex};
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    // Each pipe is drained into a shared buffer, so a hung client's output so far can be
+    // shown without waiting for the pipe to close (a child of the client may hold it open).
     let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            bytes
-        })
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let sink = bytes.clone();
+        let reader = std::thread::spawn(move || {
+            let mut piece = [0u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut piece) {
+                sink.lock().unwrap().extend_from_slice(&piece[..n]);
+            }
+        });
+        (reader, bytes)
     };
     let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
     let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
-    let deadline = Instant::now() + CLIENT_DEADLINE;
+    let text = |(_, bytes): &(std::thread::JoinHandle<()>, Arc<Mutex<Vec<u8>>>)| {
+        String::from_utf8_lossy(&bytes.lock().unwrap()).into_owned()
+    };
+    let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for a client") {
             break status;
@@ -181,16 +197,28 @@ pub fn output(cmd: &mut Command) -> Output {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            let (out, err) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
-            panic!(
-                "{cmd:?} still running after {CLIENT_DEADLINE:?} (killed): {}\n{}",
-                String::from_utf8_lossy(&out),
-                String::from_utf8_lossy(&err)
-            );
+            panic!("{cmd:?} still running after {limit:?} (killed): {}\n{}", text(&stdout), text(&stderr));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() }
+    let take = |(reader, bytes): (std::thread::JoinHandle<()>, Arc<Mutex<Vec<u8>>>)| {
+        let _ = reader.join();
+        std::mem::take(&mut *bytes.lock().unwrap())
+    };
+    Output { status, stdout: take(stdout), stderr: take(stderr) }
+}
+
+#[test]
+fn a_client_past_its_deadline_fails_the_test_with_its_output() {
+    let started = Instant::now();
+    let hung = std::panic::catch_unwind(|| {
+        output_within(Command::new("sh").args(["-c", "echo waiting; exec sleep 30"]), Duration::from_millis(300))
+    });
+    let message = hung.expect_err("a hung client must fail the test");
+    let message = message.downcast_ref::<String>().expect("a formatted panic message");
+    assert!(message.contains("still running after 300ms") && message.contains("waiting"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10), "the hung client was killed, not waited for");
+    assert!(output(&mut Command::new("true")).status.success());
 }
 
 /// Runs a command within [`CLIENT_DEADLINE`], asserting success; returns stdout.
