@@ -10,8 +10,10 @@ use std::sync::Arc;
 
 use futures::executor::block_on;
 use raid_core::md::journal::{JOURNAL_PAGE_BYTES, MetaBlock, Payload, crc32c_le, journal_seed};
-use raid_core::md::{self, Candidate, DevRole, MdUuid, StartOptions, Superblock};
+use raid_core::md::{self, DevRole, MdUuid, StartOptions, Superblock};
 use raid_core::{AlignedBuf, Member, MemoryMember};
+
+mod md_common;
 
 /// Named `md` so that `cargo test -p raid-core md` selects these tests.
 mod md_journal {
@@ -66,18 +68,6 @@ mod md_journal {
         block_on(m.write_at(0, AlignedBuf::from_slice(&padded(head)), false)).0.unwrap();
         block_on(m.write_at(at, AlignedBuf::from_slice(&padded(data)), false)).0.unwrap();
         m
-    }
-
-    /// The assembly of `devices` from the superblocks on them.
-    pub(super) fn assemble(devices: &[Arc<dyn Member>]) -> md::Assembly {
-        let candidates: Vec<Candidate> = devices
-            .iter()
-            .map(|m| {
-                let area = block_on(md::read_superblock_area(m.as_ref())).unwrap();
-                Candidate::from_bytes(m.name(), m.len_bytes(), &area)
-            })
-            .collect();
-        md::assemble(&candidates).expect("assemble")
     }
 
     fn superblock(head: &[u8]) -> Superblock {
@@ -167,7 +157,7 @@ mod md_journal {
             let journal = device("j", journal_bytes, &fixture(&format!("{name}-written-j.head.bin")), DATA_AT, &log);
             devices.push(journal.clone());
             let as_dyn: Vec<Arc<dyn Member>> = devices.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-            let assembly = assemble(&as_dyn);
+            let assembly = md_common::assemble(&as_dyn);
             assert_eq!(assembly.journal, Some(members), "{name}: the journal is found");
             let started = block_on(md::start(&assembly, &as_dyn, StartOptions::default())).expect("start");
             assert!(!started.forced_read_only && !started.array.maintenance_status().resync_pending, "{name}");
@@ -198,7 +188,7 @@ mod md_journal {
 /// Hostile logs: payloads that point outside the array or at the wrong sectors, with valid
 /// checksums, end the replay there (what came before is replayed); nothing panics.
 mod md_journal_hostile {
-    use super::md_journal::{assemble, padded};
+    use super::md_journal::padded;
     use super::*;
 
     #[test]
@@ -250,7 +240,7 @@ mod md_journal_hostile {
                 })
                 .collect();
             devices.push(journal as Arc<dyn Member>);
-            let started = block_on(md::start(&assemble(&devices), &devices, StartOptions::default()));
+            let started = block_on(md::start(&md_common::assemble(&devices), &devices, StartOptions::default()));
             let started = started.unwrap_or_else(|e| panic!("case {k}: {}", e.message));
             // The units before the bad one were replayed: row 0 of the first write is there.
             let w1 = read("j4-w1.data");

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use futures::executor::block_on;
 use raid_core::geometry::Level;
 use raid_core::md::ppl::{PPL_HEADER_BYTES, PplHeader, newest_header, ppl_checksum, ppl_signature};
-use raid_core::md::{
-    self, Candidate, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock,
-};
+use raid_core::md::{self, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
 use raid_core::{AlignedBuf, Member, MemoryMember};
+
+mod md_common;
 
 /// Named `md` so that `cargo test -p raid-core md` selects these tests.
 mod md_ppl {
@@ -98,15 +98,7 @@ mod md_ppl {
 
     fn start(members: &[Arc<MemoryMember>], options: StartOptions) -> md::Started<dyn Member> {
         let members: Vec<Arc<dyn Member>> = members.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-        let candidates: Vec<Candidate> = members
-            .iter()
-            .map(|m| {
-                let area = block_on(md::read_superblock_area(m.as_ref())).unwrap();
-                Candidate::from_bytes(m.name(), m.len_bytes(), &area)
-            })
-            .collect();
-        let assembly = md::assemble(&candidates).expect("assemble");
-        block_on(md::start(&assembly, &members, options)).expect("start")
+        block_on(md::start(&md_common::assemble(&members), &members, options)).expect("start")
     }
 
     #[test]

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use futures::executor::block_on;
 use raid_core::engine::Step;
 use raid_core::geometry::Level;
-use raid_core::md::{self, Candidate, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions};
+use raid_core::md::{self, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions};
 use raid_core::{AlignedBuf, Member, MemoryMember};
+
+mod md_common;
 
 const MEMBER_BYTES: u64 = 8 << 20;
 
@@ -45,15 +47,7 @@ fn create_raid5() -> Vec<Arc<MemoryMember>> {
 /// Assembles and starts the array over `members` (as `dyn Member`).
 fn start(members: &[Arc<MemoryMember>], options: StartOptions) -> md::Started<dyn Member> {
     let members: Vec<Arc<dyn Member>> = members.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-    let candidates: Vec<Candidate> = members
-        .iter()
-        .map(|m| {
-            let area = block_on(md::read_superblock_area(m.as_ref())).unwrap();
-            Candidate::from_bytes(m.name(), m.len_bytes(), &area)
-        })
-        .collect();
-    let assembly = md::assemble(&candidates).expect("assemble");
-    block_on(md::start(&assembly, &members, options)).expect("start")
+    block_on(md::start(&md_common::assemble(&members), &members, options)).expect("start")
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

@@ -1,13 +1,31 @@
 //! Helpers shared by the md_* integration tests: realistic superblocks, byte patching with a
-//! recomputed checksum, and running the real `mdadm --examine` on an image file.
+//! recomputed checksum, running the real `mdadm --examine` on an image file, and assembling
+//! devices from the superblocks on them.
 
 #![allow(dead_code)]
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 
+use futures::executor::block_on;
+use raid_core::Member;
 use raid_core::geometry::Level;
-use raid_core::md::{DevRole, FeatureMap, MdUuid, RESYNC_CLEAN, SB_CSUM_OFFSET, Superblock, sb_checksum};
+use raid_core::md::{
+    self, Candidate, DevRole, FeatureMap, MdUuid, RESYNC_CLEAN, SB_CSUM_OFFSET, Superblock, sb_checksum,
+};
+
+/// The assembly of `devices` from the superblocks on them.
+pub fn assemble(devices: &[Arc<dyn Member>]) -> md::Assembly {
+    let candidates: Vec<Candidate> = devices
+        .iter()
+        .map(|m| {
+            let area = block_on(md::read_superblock_area(m.as_ref())).unwrap();
+            Candidate::from_bytes(m.name(), m.len_bytes(), &area)
+        })
+        .collect();
+    md::assemble(&candidates).expect("assemble")
+}
 
 pub const MIB: u64 = 1024 * 1024;
 pub const GIB: u64 = 1024 * MIB;
