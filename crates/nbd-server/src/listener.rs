@@ -179,6 +179,8 @@ struct Inner {
     config: ServerConfig,
     tls: Option<Tls>,
     connection_slots: Arc<Semaphore>,
+    /// Made once: it reads the CPU count (cgroup files), and watches `connection_slots`.
+    send_file: crate::send_file::SendFilePolicy,
     in_flight_bytes: Arc<Semaphore>,
     next_connection_id: AtomicU64,
 }
@@ -193,10 +195,12 @@ impl Server {
     pub fn with_tls(exports: Vec<Export>, config: ServerConfig, tls: Option<Tls>) -> Result<Self> {
         config.validate()?;
         validate_exports(&exports, tls.is_some())?;
+        let connection_slots = Arc::new(Semaphore::new(config.max_connections));
         Ok(Self {
             inner: Arc::new(Inner {
                 tls,
-                connection_slots: Arc::new(Semaphore::new(config.max_connections)),
+                send_file: crate::send_file::SendFilePolicy::new(connection_slots.clone(), config.max_connections),
+                connection_slots,
                 in_flight_bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes)),
                 exports,
                 config,
@@ -411,10 +415,7 @@ impl Server {
             idle_timeout: self.inner.config.idle_timeout,
             stall_timeout: self.inner.config.stall_timeout,
             shutdown,
-            send_file: crate::send_file::SendFilePolicy::new(
-                self.inner.connection_slots.clone(),
-                self.inner.config.max_connections,
-            ),
+            send_file: self.inner.send_file.clone(),
         };
         transmission::run(reader, writer, buf, t).await
     }
