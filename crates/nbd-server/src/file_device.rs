@@ -177,7 +177,7 @@ fn os_error(e: io::Error, offset: u64) -> DeviceError {
 }
 
 /// `pread` of exactly `len` bytes into a (pooled) buffer, without zero-filling it first.
-fn pread_exact(file: &File, offset: u64, len: usize) -> io::Result<Bytes> {
+pub(crate) fn pread_exact(file: &File, offset: u64, len: usize) -> io::Result<Bytes> {
     let mut buf: Vec<u8> = buffer_pool::alloc(len);
     debug_assert!(buf.is_empty() && buf.capacity() >= len);
     let mut done = 0usize;

@@ -16,7 +16,6 @@
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::FileExt;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UnixStream, tcp, unix};
@@ -41,19 +40,19 @@ pub trait ReplySink: AsyncWrite + Unpin + Send + 'static {
     }
 }
 
-/// Writes all of `prefix`, then `range` read through a buffer (`pread` + `write`).
+/// Writes all of `prefix`, then `range` read through a buffer (`pread` + `write`), a pooled
+/// one that is not zeroed first (`file_device::pread_exact`).
 pub(crate) async fn write_then_copy_file<W: AsyncWrite + Unpin + Send + ?Sized>(
     writer: &mut W,
     prefix: &mut [IoSlice<'_>],
     range: &FileRange,
 ) -> io::Result<()> {
     write_all_vectored(writer, prefix).await?;
-    let mut buf = vec![0u8; COPY_PIECE_BYTES.min(range.len as usize)];
     let mut done = 0usize;
     while done < range.len as usize {
-        let n = (range.len as usize - done).min(buf.len());
-        range.file.read_exact_at(&mut buf[..n], range.offset + done as u64)?;
-        writer.write_all(&buf[..n]).await?;
+        let n = (range.len as usize - done).min(COPY_PIECE_BYTES);
+        let piece = crate::file_device::pread_exact(&range.file, range.offset + done as u64, n)?;
+        writer.write_all(&piece).await?;
         done += n;
     }
     Ok(())
@@ -181,6 +180,7 @@ async fn send_file<S: ReadySocket>(socket: &S, prefix: &mut [IoSlice<'_>], range
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
     use std::sync::Arc;
 
     use tokio::io::AsyncReadExt;
