@@ -296,6 +296,7 @@ fn status(export: &ControlledExport) -> Value {
             "state": r.state.name(),
             "recovery_offset_sectors": r.recovery_offset_sectors,
             "write_mostly": array.is_write_mostly(r.role),
+            "bad_sectors": array.bad_blocks(r.role).sectors(),
             "read_latency_us": array.read_latency(r.role).map(|l| l.as_micros() as u64),
             "replacement": r.replacement.as_ref().map(|(n, _, done)| json!({"member": n, "done_sectors": done})),
         })).collect::<Vec<_>>(),

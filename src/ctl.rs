@@ -134,7 +134,11 @@ fn mdstat(exports: &Value) -> Option<String> {
                     _ => "",
                 };
                 let write_mostly = if r["write_mostly"] == json!(true) { "(W)" } else { "" };
-                format!("{name}[{}]{write_mostly}{flag}", r["role"])
+                let bad = match r["bad_sectors"].as_u64() {
+                    Some(n) if n > 0 => format!("(bad: {n} sectors)"),
+                    _ => String::new(),
+                };
+                format!("{name}[{}]{write_mostly}{flag}{bad}", r["role"])
             })
             .chain(e["spares"].as_array()?.iter().map(|s| format!("{}(S)", s.as_str().unwrap_or("?"))))
             .collect();

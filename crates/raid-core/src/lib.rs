@@ -15,12 +15,14 @@
 //!  conformance  (feature `testing`) the suite every Member implementation must pass
 //!  decorator  Decorated<M, D>: one forwarding of every Member method for wrappers
 //!             (throttle, fault injection, metrics) that only add hooks
+//!  bad_ranges BadRanges: sorted sector ranges (bad blocks of a member)
 //!  buf        AlignedBuf, the owned page-aligned buffer every member I/O carries
 //! ```
 //!
 //! Dependencies point one way: backends (member-io) implement [`member::Member`]; the
 //! binary drives [`engine::Array`]; nothing here knows about NBD.
 
+pub mod bad_ranges;
 pub mod buf;
 #[cfg(feature = "testing")]
 pub mod conformance;

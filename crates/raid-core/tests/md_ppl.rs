@@ -198,6 +198,80 @@ mod md_ppl {
         assert!(!started.array.maintenance_status().resync_pending);
     }
 
+    /// A write in flight at the crash on two data blocks of a row, one of them on the member
+    /// lost afterwards: parity there matches neither old nor new data, so the lost block
+    /// cannot be rebuilt. Its parity rows are marked bad (md's bad-block log, which mdadm
+    /// reads): reads of it fail instead of returning garbage, across restarts and a rebuild,
+    /// until a write makes the row right again.
+    #[test]
+    fn a_lost_block_that_was_in_flight_reads_as_an_error_until_rewritten() {
+        let members = create(true);
+        let durable = pattern(1, 3 << 16);
+        {
+            let started = start(&members, StartOptions::default());
+            block_on(started.array.write(0, &durable, true)).unwrap();
+            block_on(started.array.shutdown()).unwrap();
+        }
+        // In flight: all of chunk 0 (role 0) and the first 4 KiB of chunk 1 (role 1); rows
+        // 0..8 of stripe 0 have two modified data blocks. The crash kept the write on role 1
+        // and on parity (role 3), not on role 0.
+        {
+            let started = start(&members, StartOptions::default());
+            block_on(started.array.write(0, &pattern(2, (1 << 16) + 4096), false)).unwrap();
+            drop(started); // crash
+        }
+        block_on(members[0].write_at(DATA_AT_SMALL, AlignedBuf::from_slice(&durable[..1 << 16]), false)).0.unwrap();
+        let survivors: Vec<Arc<MemoryMember>> = [0, 2, 3].iter().map(|&i| members[i].clone()).collect();
+        let lost_row = |array: &raid_core::engine::Array<dyn Member>| block_on(array.read(1 << 16, 4096));
+        {
+            let started = start(&survivors, StartOptions::default());
+            assert!(!started.array.is_read_only());
+            let err = lost_row(&started.array).expect_err("the lost block's in-flight rows must not be rebuilt");
+            assert_eq!(err.kind, raid_core::ErrorKind::Io, "{err}");
+            // The rows where only role 0 was written were replayed: role 1 rebuilds right.
+            let rest = block_on(started.array.read((1 << 16) + 4096, (1 << 16) - 4096)).unwrap().to_vec();
+            assert_eq!(rest, durable[(1 << 16) + 4096..2 << 16]);
+            assert_eq!(block_on(started.array.read(0, 1 << 16)).unwrap().to_vec(), durable[..1 << 16]);
+            assert_eq!(started.array.bad_blocks(3).ranges(), &[(0, 8)], "the parity rows of stripe 0 (role 3)");
+            // Another block of those rows still takes writes; parity stays bad.
+            block_on(started.array.write(0, &pattern(4, 4096), true)).unwrap();
+            assert_eq!(block_on(started.array.read(0, 4096)).unwrap().to_vec(), pattern(4, 4096));
+            assert!(lost_row(&started.array).is_err());
+            block_on(started.array.shutdown()).unwrap();
+        }
+        // mdadm reads the mark from the parity member's log (device sectors: data at 4096).
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("m3.img");
+        std::fs::write(&image, members[3].snapshot()).unwrap();
+        let out =
+            std::process::Command::new(md_common::mdadm()).arg("--examine-badblocks").arg(&image).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("4096 for 8 sectors"), "mdadm --examine-badblocks: {text}");
+        // After a restart, and after a rebuild onto a new member: still an error.
+        let spare = Arc::new(MemoryMember::new("m4", 8 << 20));
+        {
+            let started = start(&survivors, StartOptions::default());
+            assert!(lost_row(&started.array).is_err(), "the mark survives a restart");
+            block_on(started.array.add_spare(spare.clone() as Arc<dyn Member>)).unwrap();
+            while block_on(started.array.maintenance_step(1 << 20)).unwrap() != raid_core::engine::Step::Idle {}
+            assert!(started.array.is_optimal());
+            assert_eq!(started.array.bad_blocks(1).ranges(), &[(0, 8)], "the rebuilt member has the rows bad");
+            assert!(lost_row(&started.array).is_err());
+            let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+            assert_eq!((counts.mismatch_sectors, counts.skipped_bad_sectors), (0, 8));
+            // Rewriting the lost rows makes them right (parity from readable data) and clears both marks.
+            block_on(started.array.write(1 << 16, &pattern(5, 4096), false)).unwrap();
+            assert_eq!(lost_row(&started.array).unwrap().to_vec(), pattern(5, 4096));
+            assert!(started.array.bad_blocks(1).is_empty() && started.array.bad_blocks(3).is_empty());
+            block_on(started.array.shutdown()).unwrap();
+        }
+        let all = vec![members[0].clone(), spare, members[2].clone(), members[3].clone()];
+        let started = start(&all, StartOptions::default());
+        assert_eq!(lost_row(&started.array).unwrap().to_vec(), pattern(5, 4096));
+        let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+        assert_eq!((counts.mismatch_sectors, counts.skipped_bad_sectors), (0, 0));
+    }
+
     /// Data offset of `create`'s 8 MiB members.
     const DATA_AT_SMALL: u64 = 4096 * 512;
 

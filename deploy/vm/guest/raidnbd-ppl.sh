@@ -12,6 +12,9 @@
 #     raidnbd check (offline, no replay) sees the 32 stale sectors; raidnbd serves the dirty array
 #     without one member (degraded: read-write, data rebuilt through replayed parity) and again
 #     with all four; after that both raidnbd check and md's check find 0.
+#  C. A write in flight at a crash on the member lost afterwards: raidnbd marks the
+#     parity rows bad (md's bad-block log) and fails reads of the lost chunk; mdadm
+#     --examine-badblocks lists the rows and md, given the same members, fails those reads too.
 # rig-status: enabled
 # rig-needs: raidnbd
 # rig-disks: 4x32M
@@ -148,5 +151,53 @@ run mdadm --assemble /dev/md0 $ALL
 mdadm --detail /dev/md0 | contains 'Consistency Policy : ppl' || fail "md lost the ppl policy"
 expect_eq "$(md_check)" 0 "md's check after raidnbd's replay"
 first_4m_is_expected /dev/md0 "md after raidnbd's replay"
+run mdadm --stop /dev/md0
+
+step "C1. a write in flight at a crash, then its member on role 1 lost: EIO, not garbage"
+# Chunks 0 and 1 of stripe 0 (roles 0 and 1; parity on role 3) are rewritten by one 128 KiB
+# request (the kernel client's largest), no FLUSH, SIGKILL. The crash is made to have kept the
+# write on roles 1 and 3 but not on role 0 (its chunk is put back), and role 1 is then lost:
+# parity matches neither the old nor the new data, so role 1's chunk cannot be rebuilt.
+# raidnbd marks stripe 0's parity rows bad (md's bad-block log on role 3) and fails reads of
+# that chunk; md, given the same members, fails them too.
+run dd if=/dev/urandom of=/tmp/c bs=64K count=2 status=none
+raidnbd_serve $ALL
+nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 1
+run dd if=/tmp/c of=/dev/nbd0 bs=128K count=1 oflag=direct status=none
+raidnbd_stop KILL
+nbd_detach /dev/nbd0
+DO=$(data_offset /dev/vda)
+run dd if=/tmp/expected of=/dev/vda bs=512 seek="$DO" count=128 oflag=direct conv=notrunc status=none
+read_fails() { # DEV SKIP(64K blocks) WHAT
+  if dd if="$1" of=/dev/null bs=64K skip="$2" count=1 iflag=direct status=none 2>/dev/null; then
+    fail "$3: read succeeded (it can only be garbage)"
+  fi
+  echo "ok: $3: the read fails"
+}
+chunk_is() { # DEV SKIP FILE SKIP WHAT
+  dd if="$1" of=/tmp/got bs=64K skip="$2" count=1 iflag=direct status=none
+  dd if="$3" of=/tmp/want bs=64K skip="$4" count=1 status=none
+  cmp /tmp/got /tmp/want || fail "$5: wrong bytes"
+  echo "ok: $5"
+}
+raidnbd_serve $KEPT
+raidnbd_last_log | contains 'parity sectors marked bad' || fail "raidnbd did not mark the unreplayable rows bad"
+nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 1
+read_fails /dev/nbd0 1 "raidnbd, chunk 1 of stripe 0 (role 1 lost, write in flight)"
+chunk_is /dev/nbd0 0 /tmp/expected 0 "raidnbd, chunk 0: the old data the crash kept"
+chunk_is /dev/nbd0 2 /tmp/expected 2 "raidnbd, chunk 2: not written"
+chunk_is /dev/nbd0 5 /tmp/expected 5 "raidnbd, role 1 of stripe 1 rebuilt through parity"
+raidnbd_ctl status | tee /tmp/status.txt
+contains 'bad: 128 sectors' < /tmp/status.txt || fail "ctl status does not show the bad sectors"
+nbd_detach /dev/nbd0
+raidnbd_stop
+
+step "C2. mdadm and the kernel read raidnbd's bad-block log"
+mdadm --examine-badblocks "$(disk 3)" | tee /tmp/bb.txt
+contains "$DO for 128 sectors" < /tmp/bb.txt || fail "mdadm --examine-badblocks does not list stripe 0's parity rows"
+run mdadm --assemble --run /dev/md0 $KEPT
+read_fails /dev/md0 1 "md, chunk 1 of stripe 0"
+chunk_is /dev/md0 0 /tmp/expected 0 "md, chunk 0"
+chunk_is /dev/md0 5 /tmp/expected 5 "md, role 1 of stripe 1 rebuilt through parity"
 run mdadm --stop /dev/md0
 step "done"

@@ -426,11 +426,13 @@ impl<M: Member + ?Sized> Array<M> {
         if start >= total {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             slot.set_replacement(None);
+            let old_bad = slot.bad();
             let old = slot.take_device();
             slot.install(replacement.device.clone(), None);
             if let Some(old) = old {
                 self.persist_locked(StateChange::Replaced { old: old.id, new: replacement.device.id }).await;
             }
+            self.inherit_bad_locked(role, old_bad).await;
             tracing::info!(role, member = replacement.device.member.name(), "replacement finished and took over");
             return Ok(Step::Finished(work));
         }
@@ -516,9 +518,35 @@ impl<M: Member + ?Sized> Array<M> {
             .unwrap_or(layout.data_roles.len() + 1);
         let chunk = pg.chunk_sectors();
         let member_sector = pg.stripe_member_sector(stripe);
-        let mut blocks = self.load_stripe_rows(stripe, (0, chunk)).await?;
-        let buf = blocks[block].take().expect("every block loaded");
-        self.rebuild_write(role, replacement, member_sector, buf).await
+        // Runs of rows in which every block is uniformly good or bad; most stripes are one.
+        let mut bounds = vec![0];
+        if self.any_bad() {
+            bounds.extend(self.bad_cuts(&layout, member_sector, u64::from(chunk)));
+        }
+        bounds.push(chunk);
+        for run in bounds.windows(2) {
+            let (lo, hi) = (run[0], run[1]);
+            let (at, sectors) = (member_sector + u64::from(lo), u64::from(hi - lo));
+            let blocks = layout.data_roles.len() + pg.parity_disks();
+            let lost = (0..blocks)
+                .filter(|&b| {
+                    let r = super::stripe::block_role(&layout, b);
+                    (r == role && replacement.is_none()) || !self.members.slots[r].is_readable(at, sectors)
+                })
+                .count();
+            if lost > pg.parity_disks() {
+                // Bad blocks elsewhere leave nothing to rebuild these rows from. A replacement
+                // inherits the role's bad ranges when it takes over (these rows are among them).
+                if replacement.is_none() {
+                    self.mark_bad(role, at, sectors).await?;
+                }
+                continue;
+            }
+            let mut blocks = self.load_stripe_rows(stripe, (lo, hi)).await?;
+            let buf = blocks[block].take().expect("every block loaded");
+            self.rebuild_write(role, replacement, at, buf).await?;
+        }
+        Ok(())
     }
 
     async fn rebuild_mirror_piece(

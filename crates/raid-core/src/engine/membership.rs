@@ -147,11 +147,13 @@ impl<M: Member + ?Sized> Array<M> {
         if let Some(replacement) = slot.replacement() {
             slot.set_replacement(None);
             let done = replacement.done_sectors.load(Ordering::Acquire);
+            let old_bad = slot.bad();
             slot.take_device();
             slot.install(replacement.device.clone(), Some(done));
             tracing::warn!(role, member = replacement.device.member.name(), "replacement takes over the failed role");
             self.persist_locked(StateChange::Assign { device: replacement.device.id, role, replacement: false }).await;
             self.persist_locked(StateChange::RecoveryProgress { device: replacement.device.id, sectors: done }).await;
+            self.inherit_bad_locked(role, old_bad).await;
         }
     }
 
@@ -201,17 +203,28 @@ impl<M: Member + ?Sized> Array<M> {
                 }
             };
             first = false;
-            let targets: Vec<(Device<M>, SuperblockWrite)> = writes
-                .into_iter()
-                .filter_map(|w| {
-                    self.members.device_by_id(w.device).or_else(|| self.journal_device(w.device)).map(|d| (d, w))
-                })
-                .collect();
-            let results = join_all(
-                targets
-                    .into_iter()
-                    .map(|(d, w)| async move { (d.id, d.member.write_at(w.offset_bytes, w.image, true).await.0) }),
-            )
+            // Per device, its images in order (a log before the superblock naming it);
+            // devices in parallel.
+            let mut targets: Vec<(Device<M>, Vec<SuperblockWrite>)> = Vec::new();
+            for w in writes {
+                match targets.iter_mut().find(|(d, _)| d.id == w.device) {
+                    Some((_, list)) => list.push(w),
+                    None => {
+                        let device = self.members.device_by_id(w.device).or_else(|| self.journal_device(w.device));
+                        targets.extend(device.map(|d| (d, vec![w])));
+                    }
+                }
+            }
+            let results = join_all(targets.into_iter().map(|(d, list)| async move {
+                let mut res = Ok(());
+                for w in list {
+                    res = d.member.write_at(w.offset_bytes, w.image, true).await.0;
+                    if res.is_err() {
+                        break;
+                    }
+                }
+                (d.id, res)
+            }))
             .await;
             for (device, res) in results {
                 if let Err(e) = res {

@@ -14,6 +14,10 @@
 //!   (else a restart could trust the stale device).
 //! - `Assign` is durable before the rebuild writes to the device; `RecoveryProgress`
 //!   never runs ahead of what was rebuilt.
+//! - A `BadBlocks` change that adds ranges is durable before anything relies on them; one
+//!   that removes ranges is made only after the writes that made them right are durable.
+//! - The images of one change are written to a device in the order returned (a bad-block
+//!   log or bitmap before the superblock that points at it).
 
 use crate::buf::AlignedBuf;
 use crate::error::RaidError;
@@ -47,6 +51,9 @@ pub enum StateChange {
     JournalTail { sectors: u64 },
     /// Write-intent bitmap bits to set / clear (resync chunks); no new event count.
     Bitmap { set: Vec<u64>, clear: Vec<u64> },
+    /// The device's bad blocks are now `ranges` (member sectors from the data offset, as
+    /// `(start, len)`): md's bad-block log. A store without room for them refuses.
+    BadBlocks { device: usize, ranges: Vec<(u64, u64)> },
 }
 
 /// One superblock image to write to a device.

@@ -13,6 +13,7 @@
 //!      membership.rs: roles, spares, device ids; failures mark the member faulty; fail,
 //!                     add, replace, re-add, remove, each recorded before it takes effect
 //!      state changes: metadata.rs (md superblocks through a MetadataStore)
+//!      bad_blocks.rs: member sectors a device does not hold right (md's bad-block log)
 //! ```
 //!
 //! Guarantees:
@@ -26,6 +27,7 @@
 //! - `flush` makes every completed write durable on every live member; a write with
 //!   `fua` is durable (data and parity) when it completes.
 
+mod bad_blocks;
 mod gather;
 mod intent;
 mod io;
@@ -359,8 +361,18 @@ impl<M: Member + ?Sized> Array<M> {
         self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, true, fua, true).await
     }
 
-    /// Makes every completed write durable on every live member.
+    /// Makes every completed write durable on every live member (and, with a parity log,
+    /// takes them out of its newest headers).
     pub async fn flush(&self) -> Result<()> {
+        self.flush_members().await?;
+        match &self.parity_log {
+            Some(_) => self.retire_logs(&(0..self.members.slots.len()).collect::<Vec<_>>()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes every live member and replacement.
+    async fn flush_members(&self) -> Result<()> {
         let flush_number = self.parity_log.as_ref().map(parity_log::ParityLog::flush_started);
         let live: Vec<usize> = (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
         let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> =

@@ -15,6 +15,11 @@
 //!   that starts after a write completed drops its entries). The newest header therefore
 //!   covers every stripe whose members may disagree; no two of its entries cover the same
 //!   rows of a stripe (see `check_room`).
+//! - Once a write is durable (a member flush after it, or its own FUA), the newest header
+//!   stops naming it before the FLUSH or the FUA write is acknowledged (`retire_log`: a new
+//!   header without it). Replay with a data member missing marks the rows it cannot replay
+//!   bad (bad_blocks.rs); were a durable write still named, acknowledged data on the lost
+//!   member would read as an error.
 //! - Headers are appended; when the area is full the next one goes to its start, which is
 //!   allowed only while no pending entry was ever logged (a torn header at the start would
 //!   hide the older chain). Entries that wait for room make a member flush happen.
@@ -60,6 +65,10 @@ pub struct ReplayReport {
     /// Entries with rows not replayed because a modified data member is missing (its data
     /// was in flight: md does the same).
     pub entries_degraded: u64,
+    /// Parity sectors of those rows marked bad: rows where another block was written too, so
+    /// parity may match neither the old nor the new data and the lost chunk cannot be
+    /// rebuilt there (reads of it fail instead of returning garbage).
+    pub parity_sectors_bad: u64,
     /// Entries no writer makes (bad span, wrong parity member): the array then resyncs.
     pub entries_invalid: u64,
     /// Parity sectors rewritten.
@@ -140,6 +149,8 @@ struct ChildLog {
     next_id: u64,
     /// Device the area belongs to (a new device gets its area cleared first).
     device_id: Option<usize>,
+    /// Entries named by the newest header written (or being written).
+    header_ids: Vec<u64>,
 }
 
 pub(crate) struct ParityLog {
@@ -167,6 +178,7 @@ impl ParityLog {
                     writing: false,
                     next_id: 0,
                     device_id: None,
+                    header_ids: Vec::new(),
                 })
             })
             .collect();
@@ -213,8 +225,9 @@ impl ParityLog {
     }
 
     /// A logged write finished (or gave up) its member writes: its entries stay until a
-    /// member flush, or go now if they were never logged.
-    fn complete(&self, role: usize, ids: &[u64]) {
+    /// member flush, or go now if they were never logged or (`durable`: FUA) its member
+    /// writes are durable.
+    fn complete(&self, role: usize, ids: &[u64], durable: bool) {
         let epoch = self.flushes_started.load(Ordering::Acquire);
         let mut log = self.lock(role);
         let mut removed = 0;
@@ -222,11 +235,10 @@ impl ParityLog {
             if !ids.contains(&e.id) {
                 return true;
             }
-            // Never logged: its member writes never started (they wait for the header). A
-            // FUA write's entry stays too: an older entry of its stripe, still pending, is
-            // replayed with partial parity this write changed, and only this entry, replayed
-            // after it, puts the parity right.
-            if !e.logged {
+            // Never logged: its member writes never started (they wait for the header).
+            // Durable: replay has nothing to fix (no other pending entry covers its rows, see
+            // `check_room`).
+            if !e.logged || durable {
                 removed += e.pp.len();
                 return false;
             }
@@ -277,10 +289,22 @@ pub(crate) struct LogTicket<'a> {
     ids: Vec<(usize, Vec<u64>)>,
 }
 
+impl LogTicket<'_> {
+    /// Completes the entries of a write whose member writes are durable (FUA); returns the
+    /// logs whose newest header must stop naming them.
+    pub(crate) fn complete_durable(mut self) -> Vec<usize> {
+        let ids = std::mem::take(&mut self.ids);
+        for (role, ids) in &ids {
+            self.log.complete(*role, ids, true);
+        }
+        ids.into_iter().map(|(role, _)| role).collect()
+    }
+}
+
 impl Drop for LogTicket<'_> {
     fn drop(&mut self) {
         for (role, ids) in std::mem::take(&mut self.ids) {
-            self.log.complete(role, &ids);
+            self.log.complete(role, &ids, false);
         }
     }
 }
@@ -296,6 +320,11 @@ enum Blocked {
 impl ChildLog {
     fn all_unlogged(&self) -> bool {
         self.entries.iter().all(|e| !e.logged)
+    }
+
+    /// The newest header names an entry no longer pending (its write is durable).
+    fn names_retired(&self) -> bool {
+        self.header_ids.iter().any(|id| !self.entries.iter().any(|e| e.id == *id))
     }
 
     /// Whether a header holding every pending entry plus `add` can go in the area now.
@@ -391,7 +420,9 @@ impl<M: Member + ?Sized> Array<M> {
             match blocked {
                 (Blocked::NeedsFlush, _) => {
                     log.drains.fetch_add(1, Ordering::Relaxed);
-                    self.flush().await?;
+                    // Members only: a retire (`flush`) could wait for entries this write
+                    // already put in lower logs.
+                    self.flush_members().await?;
                 }
                 (Blocked::Wait, listener) => listener.await,
             }
@@ -452,7 +483,51 @@ impl<M: Member + ?Sized> Array<M> {
         child.writing = true;
         child.next_offset = offset + unit_bytes as u64;
         child.device_id = device_id;
-        HeaderWrite { ids: child.entries.iter().map(|e| e.id).collect(), offset, image }
+        child.header_ids = child.entries.iter().map(|e| e.id).collect();
+        HeaderWrite { ids: child.header_ids.clone(), offset, image }
+    }
+
+    /// Makes the newest header of each of `roles`' logs name only pending entries: after a
+    /// member flush (FLUSH) or a FUA write, so a replay never takes a durable write for one
+    /// in flight. Waits for a header being written; when the area has no room, flushes the
+    /// members so completed entries go and the header can wrap, or waits for the writes in
+    /// flight (they wait only for header writes, member I/O and member flushes, never for a
+    /// retire, so this wait ends).
+    pub(crate) async fn retire_logs(&self, roles: &[usize]) -> Result<()> {
+        let results = join_all(roles.iter().map(|&role| self.retire_log(role))).await;
+        results.into_iter().collect()
+    }
+
+    async fn retire_log(&self, role: usize) -> Result<()> {
+        let Some(log) = self.parity_log.as_ref() else { return Ok(()) };
+        enum Next {
+            Write(HeaderWrite),
+            Flush,
+            Wait,
+        }
+        loop {
+            let (listener, next) = {
+                let mut child = log.lock(role);
+                // A header being written may be the one that stops naming them: wait for it.
+                let next = if child.writing {
+                    Next::Wait
+                } else if !child.names_retired() || !self.members.slots[role].is_writable() {
+                    return Ok(());
+                } else {
+                    match child.check_room(log.config.area_bytes, &[]) {
+                        Ok(()) => Next::Write(self.prepare_header(role, &mut child)),
+                        Err(Blocked::NeedsFlush) => Next::Flush,
+                        Err(Blocked::Wait) => Next::Wait,
+                    }
+                };
+                (log.changed.listen(), next)
+            };
+            match next {
+                Next::Write(unit) => self.write_header(role, unit).await,
+                Next::Flush => self.flush_members().await?,
+                Next::Wait => listener.await,
+            }
+        }
     }
 
     /// Writes a prepared header (FUA) and marks its entries logged. A failed write fails the
@@ -598,9 +673,12 @@ impl<M: Member + ?Sized> Array<M> {
             }
             let mut parity = vec![0u8; (span.rows * SECTOR_BYTES) as usize];
             let mut row_ok = vec![true; span.rows as usize];
+            // Data blocks the entry's write modified, per row.
+            let mut modified = vec![0u32; span.rows as usize];
             for disk in 0..span.data_disks {
                 let start = span.first_sector + disk * chunk;
                 let rows = span.rows.min(span.end_sector.saturating_sub(start));
+                modified[..rows as usize].iter_mut().for_each(|m| *m += 1);
                 let mut row = 0;
                 while row < rows {
                     let mapped = self.geometry.map(start + row);
@@ -624,6 +702,26 @@ impl<M: Member + ?Sized> Array<M> {
             }
             if row_ok.iter().any(|ok| !ok) {
                 report.entries_degraded += 1;
+            }
+            // Rows that cannot be replayed: parity may be a mix of the old and new data of
+            // several blocks. Marked bad, so the lost chunk reads as an error there.
+            let mut row = 0u64;
+            while row < span.rows {
+                let unknown = |row: u64| !row_ok[row as usize] && modified[row as usize] >= 2;
+                if !unknown(row) {
+                    row += 1;
+                    continue;
+                }
+                let (stripe, _, r) = pg.locate(span.first_sector + row);
+                let mut n = 1;
+                while row + n < span.rows && unknown(row + n) && pg.locate(span.first_sector + row + n).0 == stripe {
+                    n += 1;
+                }
+                if pg.stripe(stripe).p_role == role {
+                    self.mark_bad(role, pg.stripe_member_sector(stripe) + u64::from(r), n).await?;
+                    report.parity_sectors_bad += n;
+                }
+                row += n;
             }
             // Parity of each row, in runs of rows that are replayable and contiguous on the member.
             let mut row = 0u64;

@@ -36,6 +36,8 @@ pub struct ScrubCounts {
     pub repaired_sectors: u64,
     /// Array bytes covered.
     pub scrubbed_bytes: u64,
+    /// Sectors of parity pages not compared because a block there is bad (bad_blocks.rs).
+    pub skipped_bad_sectors: u64,
 }
 
 impl std::ops::AddAssign for ScrubCounts {
@@ -43,6 +45,7 @@ impl std::ops::AddAssign for ScrubCounts {
         self.mismatch_sectors += o.mismatch_sectors;
         self.repaired_sectors += o.repaired_sectors;
         self.scrubbed_bytes += o.scrubbed_bytes;
+        self.skipped_bad_sectors += o.skipped_bad_sectors;
     }
 }
 
@@ -95,21 +98,41 @@ impl<M: Member + ?Sized> Array<M> {
         let blocks = self.read_all(&roles, member_sector, chunk).await?;
         let page = (PARITY_PAGE_SECTORS * SECTOR_BYTES) as usize;
         let mut counts = ScrubCounts { scrubbed_bytes: pg.stripe_data_sectors() * SECTOR_BYTES, ..Default::default() };
+        // Pages where a block is bad (bad_blocks.rs) are neither compared nor repaired: their
+        // parity may be the only way to rebuild the bad data, or is known wrong already.
+        let unknown_page = |p: usize| {
+            let at = member_sector + p as u64 * PARITY_PAGE_SECTORS;
+            roles.iter().any(|&r| self.members.slots[r].has_bad_in(at, PARITY_PAGE_SECTORS))
+        };
         let mut bad_pages = Vec::new();
+        let mut unknown_pages = Vec::new();
         for p in 0..(chunk / PARITY_PAGE_SECTORS) as usize {
+            if unknown_page(p) {
+                unknown_pages.push(p);
+                continue;
+            }
             let slices: Vec<&[u8]> = blocks.iter().map(|b| &b.as_slice()[p * page..(p + 1) * page]).collect();
             if !parity::parity_matches(&slices, &kinds) {
                 bad_pages.push(p);
             }
         }
         counts.mismatch_sectors = bad_pages.len() as u64 * PARITY_PAGE_SECTORS;
+        counts.skipped_bad_sectors = unknown_pages.len() as u64 * PARITY_PAGE_SECTORS;
         if repair && !bad_pages.is_empty() {
             let mut blocks = blocks;
+            let dd = layout.data_roles.len();
+            let kept: Vec<(usize, usize, Vec<u8>)> = unknown_pages
+                .iter()
+                .flat_map(|&p| (dd..blocks.len()).map(move |b| (b, p)))
+                .map(|(b, p)| (b, p, blocks[b].as_slice()[p * page..(p + 1) * page].to_vec()))
+                .collect();
             {
                 let mut slices: Vec<&mut [u8]> = blocks.iter_mut().map(|b| b.as_mut_slice()).collect();
                 parity::compute_parity(&mut slices, &kinds);
             }
-            let dd = layout.data_roles.len();
+            for (b, p, old) in kept {
+                blocks[b].as_mut_slice()[p * page..(p + 1) * page].copy_from_slice(&old);
+            }
             let parity_blocks: Vec<(usize, AlignedBuf)> =
                 blocks.into_iter().enumerate().skip(dd).map(|(b, buf)| (roles[b], buf)).collect();
             let results =

@@ -9,6 +9,9 @@
 //! - `Faulty`: failed at run time; never read or written again.
 //! - `Missing`: no device.
 //!
+//! Independent of the state, a slot's *bad ranges* (md's bad blocks, `bad_blocks.rs`) are
+//! member sectors its device cannot be trusted to hold: never readable until rewritten.
+//!
 //! A *replacement* (md `--replace`) is a second device for an in-sync role: every write
 //! to the role also goes to it, a background copy fills it, and when the copy is done it
 //! takes over the role. Reads never go to a replacement.
@@ -21,6 +24,7 @@ use super::read_balance::ReadBalance;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::bad_ranges::BadRanges;
 use crate::member::Member;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +101,10 @@ pub(crate) struct Slot<M: ?Sized> {
     /// Devices of this role that failed so far, and the name of the last (for monitors).
     failures: AtomicU64,
     last_failed: RwLock<Option<String>>,
+    /// Member sectors (from the data offset) the device does not hold right.
+    bad: RwLock<BadRanges>,
+    /// `bad` is not empty (checked first, so healthy slots take no lock).
+    has_bad: AtomicBool,
 }
 
 impl<M: Member + ?Sized> Slot<M> {
@@ -111,6 +119,8 @@ impl<M: Member + ?Sized> Slot<M> {
             read_balance: ReadBalance::default(),
             failures: AtomicU64::new(0),
             last_failed: RwLock::new(None),
+            bad: RwLock::new(BadRanges::default()),
+            has_bad: AtomicBool::new(false),
         };
         if let Some(rm) = member {
             let device = Device { id: rm.device_id, member: rm.member, data_offset_bytes: rm.data_offset_bytes };
@@ -132,8 +142,10 @@ impl<M: Member + ?Sized> Slot<M> {
         self.device.read().expect("slot lock").clone()
     }
 
-    /// Puts `device` in the role: in sync, or recovering from `recovery_offset`.
+    /// Puts `device` in the role: in sync, or recovering from `recovery_offset`. It has no
+    /// bad ranges (see `set_bad`).
     pub fn install(&self, device: Device<M>, recovery_offset: Option<u64>) {
+        self.set_bad(BadRanges::default());
         *self.device.write().expect("slot lock") = Some(device);
         match recovery_offset {
             Some(offset) => {
@@ -193,11 +205,36 @@ impl<M: Member + ?Sized> Slot<M> {
 
     /// Whether member sectors `[member_sector, member_sector + sectors)` hold valid data.
     pub fn is_readable(&self, member_sector: u64, sectors: u64) -> bool {
-        match self.state() {
+        let holds = match self.state() {
             SlotState::InSync => true,
             SlotState::Recovering => member_sector + sectors <= self.recovery_offset_sectors(),
             SlotState::Faulty | SlotState::Missing => false,
-        }
+        };
+        holds && !self.has_bad_in(member_sector, sectors)
+    }
+
+    /// Whether any of the sectors is bad.
+    pub fn has_bad_in(&self, member_sector: u64, sectors: u64) -> bool {
+        self.has_bad.load(Ordering::Acquire) && self.bad.read().expect("slot lock").overlaps(member_sector, sectors)
+    }
+
+    /// Whether every one of the sectors is bad.
+    pub fn all_bad(&self, member_sector: u64, sectors: u64) -> bool {
+        self.has_bad.load(Ordering::Acquire) && self.bad.read().expect("slot lock").covers(member_sector, sectors)
+    }
+
+    pub fn bad(&self) -> BadRanges {
+        self.bad.read().expect("slot lock").clone()
+    }
+
+    pub fn has_bad(&self) -> bool {
+        self.has_bad.load(Ordering::Acquire)
+    }
+
+    pub fn set_bad(&self, bad: BadRanges) {
+        let mut guard = self.bad.write().expect("slot lock");
+        self.has_bad.store(!bad.is_empty(), Ordering::Release);
+        *guard = bad;
     }
 
     /// The member serving the role.

@@ -379,6 +379,11 @@ impl<M: Member + ?Sized> Array<M> {
             if read_failed {
                 continue;
             }
+            // Bad ranges these writes make right (cleared once they are done).
+            let clears: Vec<(usize, u64, u64)> = match self.any_bad() {
+                true => jobs.iter().flat_map(|job| self.rewritten(job, &layouts[job.write])).collect(),
+                false => Vec::new(),
+            };
             if self.journal.is_some() {
                 let mut computed = Vec::with_capacity(jobs.len());
                 for job in jobs {
@@ -390,7 +395,8 @@ impl<M: Member + ?Sized> Array<M> {
                     computed.push(JournaledJob { stripe, layout, member_sector, sectors, writes: member_writes });
                 }
                 self.write_journaled(computed).await?; // FUA or not: durable in the journal
-                return self.check_survives("write");
+                self.check_survives("write")?;
+                return self.clear_bad(&clears).await;
             }
             let logging = self.parity_log.is_some();
             // Per job: its member writes and, with a parity log, its entry.
@@ -424,11 +430,28 @@ impl<M: Member + ?Sized> Array<M> {
                         self.member_failed(role, &e, "write").await;
                     }
                 }
-                drop(ticket); // the member writes are done
+                // The member writes are done; with FUA they are durable.
+                match ticket {
+                    Some(t) if fua => self.retire_logs(&t.complete_durable()).await?,
+                    _ => drop(ticket),
+                }
             }
-            return self.check_survives("write");
+            self.check_survives("write")?;
+            return self.clear_bad(&clears).await;
         }
         Err(RaidError::new(ErrorKind::Io, "write: members kept failing"))
+    }
+
+    /// The (role, member sector, sectors) a job rewrites with right contents: its data
+    /// blocks, and its parity unless it leaves parity alone.
+    fn rewritten(&self, job: &Job, layout: &StripeLayout) -> Vec<(usize, u64, u64)> {
+        let (dd, np) = (layout.data_roles.len(), self.parity_geometry().parity_disks());
+        let parity = (job.mode != Mode::DataOnly).then_some(dd..dd + np).into_iter().flatten();
+        (0..dd)
+            .filter(|&k| job.written & (1 << k) != 0)
+            .chain(parity)
+            .map(|b| (block_role(layout, b), job.member_sector, job.sectors()))
+            .collect()
     }
 
     /// With a journal: logs the jobs' pages a wave at a time, and writes each wave's member
@@ -518,7 +541,7 @@ impl<M: Member + ?Sized> Array<M> {
     fn log_entry(&self, job: &Job, stripe: u64, layout: &StripeLayout) -> Option<(usize, PplEntry)> {
         let pg = self.parity_geometry();
         let (dd, chunk) = (pg.data_disks(), u64::from(pg.chunk_sectors()));
-        if !self.members.slots[layout.p_role].is_writable() {
+        if !self.members.slots[layout.p_role].is_writable() || job.mode == Mode::DataOnly {
             return None;
         }
         let first = job.written.trailing_zeros() as u64;
@@ -557,14 +580,27 @@ impl<M: Member + ?Sized> Array<M> {
                 (None, Some(j)) => j.max_job_rows(self.members.slots.len()),
                 (None, None) => u64::MAX,
             };
+            // Rows where a block starts or stops being bad cut segments too, so each
+            // segment's blocks are uniformly readable.
+            let stripe_sector = pg.stripe_member_sector(w.stripe);
+            let bad_cuts = if self.any_bad() {
+                self.bad_cuts(layout, stripe_sector, u64::from(pg.chunk_sectors()))
+            } else {
+                Vec::new()
+            };
             let pieces = segments(&w.blocks).into_iter().flat_map(|seg| {
                 // A partial-parity entry holds at most MAX_ENTRY_PP_BYTES: longer rows split.
                 let step = if seg.written == full_mask && self.journal.is_none() { u64::MAX } else { max_rows };
                 let (lo, hi) = (u64::from(seg.rows.0), u64::from(seg.rows.1));
-                (lo..hi).step_by(step.min(hi - lo).max(1) as usize).map(move |r0| Segment {
-                    rows: (r0 as u32, r0.saturating_add(step).min(hi) as u32),
-                    written: seg.written,
-                })
+                let mut bounds: Vec<u64> = (lo..hi).step_by(step.min(hi - lo).max(1) as usize).collect();
+                bounds.extend(bad_cuts.iter().map(|&c| u64::from(c)).filter(|&c| lo < c && c < hi));
+                bounds.sort_unstable();
+                bounds.dedup();
+                bounds.push(hi);
+                bounds
+                    .windows(2)
+                    .map(|b| Segment { rows: (b[0] as u32, b[1] as u32), written: seg.written })
+                    .collect::<Vec<_>>()
             });
             for seg in pieces {
                 let member_sector = pg.stripe_member_sector(w.stripe) + u64::from(seg.rows.0);
@@ -579,14 +615,20 @@ impl<M: Member + ?Sized> Array<M> {
                 let writable = |b: usize| self.members.slots[block_role(layout, b)].is_writable();
                 let recompute_parity = (dd..dd + np).any(writable)
                     && ((dd..dd + np).any(|b| writable(b) && !readable(b)) || !self.stripe_synced(w.stripe));
-                let mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len(), recompute_parity);
-                let reads: Vec<usize> = match mode {
-                    Mode::Full => Vec::new(),
+                let mut mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len(), recompute_parity);
+                let mut reads: Vec<usize> = match mode {
+                    Mode::Full | Mode::DataOnly => Vec::new(),
                     Mode::ReadModifyWrite if readable_parity.is_empty() => Vec::new(),
                     Mode::ReadModifyWrite => (0..dd).filter(|&k| written(k)).chain(readable_parity).collect(),
                     Mode::ReconstructWrite => (0..dd).filter(|&k| !written(k)).collect(),
                     Mode::Degraded => (0..dd + np).filter(|&b| readable(b)).collect(),
                 };
+                let parity_bad = (dd..dd + np)
+                    .all(|b| !writable(b) || self.members.slots[block_role(layout, b)].all_bad(member_sector, sectors));
+                if mode == Mode::Degraded && dd + np - reads.len() > np && parity_bad && self.journal.is_none() {
+                    mode = Mode::DataOnly;
+                    reads.clear();
+                }
                 if mode == Mode::Degraded && dd + np - reads.len() > np {
                     return Err(RaidError::new(
                         ErrorKind::Io,
@@ -678,6 +720,12 @@ impl<M: Member + ?Sized> Array<M> {
                 queue(b, job.blocks[b].take().expect("parity was read"), out);
             }
             return pp;
+        }
+        if job.mode == Mode::DataOnly {
+            for k in (0..dd).filter(|&k| written(k)) {
+                queue(k, new_data(k), out);
+            }
+            return None;
         }
         if job.mode == Mode::Degraded {
             let missing: Vec<usize> = (0..dd + np).filter(|&b| job.blocks[b].is_none()).collect();

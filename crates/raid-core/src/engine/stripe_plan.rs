@@ -87,6 +87,9 @@ pub(crate) enum Mode {
     /// An unreadable data block is not being overwritten: read every readable block,
     /// rebuild the missing ones, then compute parity from all data.
     Degraded,
+    /// Parity cannot be computed (a data block it needs cannot be rebuilt) and is already
+    /// marked bad: write the data blocks alone; parity stays bad (bad_blocks.rs).
+    DataOnly,
 }
 
 /// Chooses the mode with the fewest block reads (ties go to reconstruct-write, as md).

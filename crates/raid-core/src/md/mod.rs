@@ -21,6 +21,7 @@
 //! would write (except: clean at create, see [`create()`]); assembly follows md's event-count rules.
 
 mod assemble;
+mod bad_block_log;
 mod bitmap;
 mod checksum;
 mod create;
@@ -36,6 +37,7 @@ mod uuid;
 pub use crate::journal;
 pub use crate::ppl;
 pub use assemble::{Assembly, Candidate, assemble};
+pub use bad_block_log::{decode_bad_blocks, encode_bad_blocks};
 pub use bitmap::{BITMAP_STALE, Bitmap, DEFAULT_BITMAP_CHUNK_BYTES};
 pub use checksum::{SB_CSUM_OFFSET, sb_checksum};
 pub use create::{CreateParams, DEFAULT_CHUNK_SECTORS, create};

@@ -15,13 +15,15 @@
 use std::sync::Arc;
 
 use crate::SECTOR_BYTES;
+use crate::bad_ranges::BadRanges;
 use crate::buf::AlignedBuf;
 use crate::engine::{Array, Device, JournalConfig, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, RoleMember};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Geometry, Level};
 use crate::journal::{JOURNAL_PAGE_SECTORS, journal_seed};
 use crate::md::{
-    Assembly, BITMAP_STALE, Bitmap, DEVFLAG_WRITE_MOSTLY, FeatureMap, MdStore, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES,
+    Assembly, BITMAP_STALE, Bitmap, DEVFLAG_WRITE_MOSTLY, FeatureMap, MdStore, SUPERBLOCK_BYTE_OFFSET,
+    SUPERBLOCK_BYTES, decode_bad_blocks,
 };
 use crate::member::Member;
 use crate::ppl::ppl_signature;
@@ -85,6 +87,10 @@ pub async fn start<M: Member + ?Sized>(
     }
     let bitmap = read_bitmap(assembly, members).await;
     let mut array = build(assembly, members, bitmap)?;
+    for (role, bad) in read_bad_blocks(assembly, members).await? {
+        tracing::warn!(role, ranges = ?bad.ranges(), "member has bad blocks: those sectors are never read from it");
+        array = array.with_bad_blocks(role, bad);
+    }
     if let Some((device, config)) = journal_config(assembly, members)? {
         array = array.with_journal(device, config)?;
         if options.read_only || forced_read_only {
@@ -129,6 +135,13 @@ pub async fn start<M: Member + ?Sized>(
                     report.entries_degraded,
                     report.entries_invalid
                 );
+                if report.parity_sectors_bad > 0 {
+                    tracing::warn!(
+                        "{} parity sectors marked bad: writes in flight at the crash on the missing member \
+                         cannot be rebuilt there, so reads of those sectors fail until they are written again",
+                        report.parity_sectors_bad
+                    );
+                }
             }
         }
     }
@@ -218,6 +231,43 @@ async fn read_bitmap<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>]
     }
     tracing::warn!("the array has an internal bitmap but none could be read: an unclean stop will resync everything");
     None
+}
+
+/// The bad-block logs of the members that have a non-empty one, as member sectors from
+/// each one's data offset. A log that cannot be read or decoded stops the start (md refuses
+/// such a device too): without it, sectors known bad could be trusted.
+async fn read_bad_blocks<M: Member + ?Sized>(
+    assembly: &Assembly,
+    members: &[Arc<M>],
+) -> Result<Vec<(usize, BadRanges)>> {
+    let meta = &assembly.metadata;
+    let mut out = Vec::new();
+    for (role, candidate) in assembly.members.iter().enumerate() {
+        let Some(c) = *candidate else { continue };
+        let Some(index) = assembly.member_index_of_candidate(c) else { continue };
+        let record = &meta.members[index];
+        if !record.features.contains(FeatureMap::BAD_BLOCKS) || record.bblog_size == 0 {
+            continue;
+        }
+        let at = (SUPERBLOCK_BYTE_OFFSET as i64 + i64::from(record.bblog_offset) * 512) as u64;
+        let len = usize::from(record.bblog_size) * SECTOR_BYTES as usize;
+        let name = members[c].name().to_string();
+        let (res, image) = members[c].read_at(at, AlignedBuf::zeroed(len)).await;
+        res.map_err(|e| RaidError::io(format!("{name}: cannot read the bad-block log"), e))?;
+        let device_sectors = decode_bad_blocks(image.as_slice(), record.bblog_shift)
+            .map_err(|e| RaidError::new(ErrorKind::BadMetadata, format!("{name}: {e}")))?;
+        let data_offset = record.data_offset;
+        let bad = BadRanges::from_ranges(device_sectors.ranges().iter().filter(|&&(s, l)| s + l > data_offset).map(
+            |&(s, l)| {
+                let start = s.max(data_offset);
+                (start - data_offset, s + l - start)
+            },
+        ));
+        if !bad.is_empty() {
+            out.push((role, bad));
+        }
+    }
+    Ok(out)
 }
 
 /// Builds the engine from an assembly plan and the opened members (by candidate index).

@@ -10,10 +10,14 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::bad_ranges::BadRanges;
 use crate::buf::AlignedBuf;
 use crate::engine::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 use crate::error::{ErrorKind, RaidError};
-use crate::md::{ArrayMetadata, Bitmap, DevRole, FeatureMap, MAX_DEV, MdUuid, MemberMetadata, SUPERBLOCK_BYTE_OFFSET};
+use crate::md::{
+    ArrayMetadata, Bitmap, DevRole, FeatureMap, MAX_DEV, MdUuid, MemberMetadata, SUPERBLOCK_BYTE_OFFSET,
+    encode_bad_blocks,
+};
 
 pub struct MdStore {
     metadata: ArrayMetadata,
@@ -134,6 +138,8 @@ impl MetadataStore for MdStore {
     }
 
     fn apply(&mut self, change: &StateChange) -> Result<Vec<SuperblockWrite>, RaidError> {
+        // A new bad-block log image goes before the superblock that says it is not empty.
+        let mut bbl = None;
         match *change {
             StateChange::Dirty if self.journal_clean => {}
             StateChange::Dirty => self.metadata.set_dirty(),
@@ -150,6 +156,8 @@ impl MetadataStore for MdStore {
                 self.metadata.set_role(dev, DevRole::Active(role as u16))?;
                 self.metadata.set_recovery_offset(dev, Some(0))?;
                 let features = &mut self.metadata.members[device].features;
+                // Rebuilt from sector 0: what its old bad-block log said no longer holds.
+                features.remove(FeatureMap::BAD_BLOCKS);
                 if replacement {
                     features.insert(FeatureMap::REPLACEMENT)
                 } else {
@@ -176,6 +184,24 @@ impl MetadataStore for MdStore {
                 self.metadata.set_role(dev, DevRole::Faulty)?;
                 self.present[device] = false;
             }
+            StateChange::BadBlocks { device, ref ranges } => {
+                let member = self.metadata.members.get(device).ok_or_else(|| {
+                    RaidError::new(ErrorKind::BadMetadata, format!("no device {device} in the array metadata"))
+                })?;
+                if member.bblog_size == 0 || member.bblog_offset == 0 {
+                    return Err(RaidError::new(ErrorKind::Refused, format!("device {device} has no bad-block log")));
+                }
+                let ranges = BadRanges::from_ranges(ranges.iter().map(|&(s, l)| (s + member.data_offset, l)));
+                let image = encode_bad_blocks(&ranges, member.bblog_shift, member.bblog_size)?;
+                let offset_bytes = (SUPERBLOCK_BYTE_OFFSET as i64 + i64::from(member.bblog_offset) * 512) as u64;
+                bbl = Some(SuperblockWrite { device, offset_bytes, image: AlignedBuf::from_slice(&image) });
+                let features = &mut self.metadata.members[device].features;
+                if ranges.is_empty() {
+                    features.remove(FeatureMap::BAD_BLOCKS);
+                } else {
+                    features.insert(FeatureMap::BAD_BLOCKS);
+                }
+            }
             StateChange::Bitmap { ref set, ref clear } => {
                 // Bit changes rewrite only the bitmap: no new event count (as md).
                 let events = self.metadata.events;
@@ -200,6 +226,7 @@ impl MetadataStore for MdStore {
             bitmap.events = self.metadata.events;
         }
         let mut writes = self.bitmap_writes();
+        writes.extend(bbl);
         writes.extend((0..self.metadata.members.len()).filter(|&i| self.present[i]).map(|device| {
             let image = self.metadata.superblock_for(device).encode();
             SuperblockWrite { device, offset_bytes: SUPERBLOCK_BYTE_OFFSET, image: AlignedBuf::from_slice(&image) }

@@ -13,7 +13,8 @@
 //! [`Superblock::decode`] is as strict as the kernel's `super_1_load` (every check of §1.3) and
 //! additionally refuses what raidnbd does not implement (reshape, journal, clustering,
 //! levels other than linear/0/1/4/5/6/10, metadata 1.0/1.1). A bitmap or a non-empty bad-block
-//! list is accepted and reported by [`Superblock::notices`]. [`Superblock::encode`] writes every
+//! list is accepted (start reads both); what is accepted but not acted on is reported by
+//! [`Superblock::notices`]. [`Superblock::encode`] writes every
 //! field little-endian, zero padding, and computes the checksum last.
 //!
 //! All sector fields are 512-byte sectors, as on disk. Pure: bytes in, bytes out.
@@ -430,12 +431,6 @@ impl Superblock {
     /// Things decode accepted that raidnbd does not act on yet, for the operator's log.
     pub fn notices(&self) -> Vec<String> {
         let mut notices = Vec::new();
-        if self.feature_map.contains(FeatureMap::BAD_BLOCKS) {
-            notices.push(format!(
-                "bad-block list is not empty ({} sectors at {:+} from the superblock); raidnbd does not consult it yet",
-                self.bblog_size, self.bblog_offset
-            ));
-        }
         if self.feature_map.contains(FeatureMap::REPLACEMENT) {
             notices.push("device is an unfinished replacement; raidnbd treats it as a spare".into());
         }
