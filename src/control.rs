@@ -310,6 +310,7 @@ fn status(export: &ControlledExport) -> Value {
             "entries_logged": l.entries_logged,
             "headers_written": l.headers_written,
             "drains": l.drains,
+            "retires": l.retires,
         })),
         "journal": array.journal_stats().map(|j| json!({
             "units_written": j.units_written,

@@ -67,12 +67,53 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// raidnbd's addition in the header's reserved bytes (which md fills with 0xFF and never
+/// reads): the CRC-32C of the new data of each block that the first `entries` entries write,
+/// for those of them that write two or more data blocks. Replay with a data member missing
+/// uses them to tell a write that landed whole (parity agrees with the new data: the lost
+/// block rebuilds right) from one in flight. The header checksum covers them, so md accepts
+/// such headers as its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataChecksums {
+    pub entries: usize,
+    pub crcs: Vec<u32>,
+}
+
+/// CRCs that fit in the reserved bytes (after an 8-byte tag and counts).
+pub const MAX_DATA_CRCS: usize = (RESERVED_BYTES - 8) / 4;
+const DATA_CRC_TAG: &[u8; 4] = b"rnbd";
+
+impl DataChecksums {
+    fn decode(b: &[u8]) -> DataChecksums {
+        let entries = u16::from_le_bytes([b[4], b[5]]) as usize;
+        let count = u16::from_le_bytes([b[6], b[7]]) as usize;
+        if &b[..4] != DATA_CRC_TAG || count > MAX_DATA_CRCS || entries > PPL_MAX_ENTRIES {
+            return DataChecksums::default();
+        }
+        DataChecksums { entries, crcs: (0..count).map(|i| u32_at(b, 8 + 4 * i)).collect() }
+    }
+}
+
 impl PplHeader {
-    /// The 4 KiB image, checksummed.
+    /// The 4 KiB image, checksummed (md's bytes: reserved area all 0xFF).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(&DataChecksums::default())
+    }
+
+    /// The image with raidnbd's data checksums in the reserved bytes (none: md's bytes).
+    pub fn encode_with(&self, data: &DataChecksums) -> Vec<u8> {
         assert!(self.entries.len() <= PPL_MAX_ENTRIES, "{} entries exceed one header", self.entries.len());
+        assert!(data.crcs.len() <= MAX_DATA_CRCS && data.entries <= self.entries.len(), "data checksums fit");
         let mut b = vec![0u8; PPL_HEADER_BYTES];
         b[..RESERVED_BYTES].fill(0xFF);
+        if data.entries > 0 {
+            b[..4].copy_from_slice(DATA_CRC_TAG);
+            b[4..6].copy_from_slice(&(data.entries as u16).to_le_bytes());
+            b[6..8].copy_from_slice(&(data.crcs.len() as u16).to_le_bytes());
+            for (i, c) in data.crcs.iter().enumerate() {
+                b[8 + 4 * i..12 + 4 * i].copy_from_slice(&c.to_le_bytes());
+            }
+        }
         b[512..516].copy_from_slice(&self.signature.to_le_bytes());
         b[520..528].copy_from_slice(&self.generation.to_le_bytes());
         b[528..532].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
@@ -125,6 +166,11 @@ impl PplHeader {
         Ok(PplHeader { signature: found, generation: u64_at(b, 520), entries })
     }
 
+    /// raidnbd's data checksums of a header image `decode` accepted (none in md's headers).
+    pub fn data_checksums(b: &[u8]) -> DataChecksums {
+        DataChecksums::decode(&b[..RESERVED_BYTES])
+    }
+
     /// Bytes of partial parity that follow the header.
     pub fn pp_bytes(&self) -> u64 {
         self.entries.iter().map(|e| u64::from(e.pp_size)).sum()
@@ -163,6 +209,13 @@ pub struct EntrySpan {
     pub rows: u64,
 }
 
+impl EntrySpan {
+    /// Data blocks of the span with at least one row (the blocks the write modified).
+    pub fn modified_disks(&self, chunk_sectors: u64) -> u64 {
+        (0..self.data_disks).filter(|d| self.first_sector + d * chunk_sectors < self.end_sector).count() as u64
+    }
+}
+
 impl PplEntry {
     /// The span md replays for this entry on an array with `data_disks` data chunks per
     /// stripe of `chunk_sectors`. `None` for an entry no writer makes (zero sizes, a
@@ -194,6 +247,20 @@ impl PplEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_checksums_ride_in_the_reserved_bytes() {
+        let sig = ppl_signature([7; 16]);
+        let e = PplEntry { data_sector: 0, pp_size: 0, data_size: 3 << 16, parity_disk: 3, checksum: 0 };
+        let h = PplHeader { signature: sig, generation: 1, entries: vec![e, e] };
+        let data = DataChecksums { entries: 1, crcs: vec![1, 2, 3] };
+        let b = h.encode_with(&data);
+        assert_eq!(PplHeader::decode(&b, sig), Ok(h.clone()), "md reads the header as before");
+        assert_eq!(PplHeader::data_checksums(&b), data);
+        assert_eq!(PplHeader::data_checksums(&h.encode()), DataChecksums::default(), "md's 0xFF: none");
+        let full = DataChecksums { entries: 1, crcs: vec![7; MAX_DATA_CRCS] };
+        assert_eq!(PplHeader::data_checksums(&h.encode_with(&full)), full);
+    }
 
     #[test]
     fn header_round_trips_and_rejects_damage() {

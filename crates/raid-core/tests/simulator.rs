@@ -276,7 +276,12 @@ fn geometry(level: Level) -> Geometry {
 }
 
 /// The partial parity log's area (as md: 4 KiB after the superblock), when a run has one.
-const PPL: ParityLogConfig = ParityLogConfig { area_offset_bytes: 8192, area_bytes: 512 << 10, signature: 0x5eed };
+const PPL: ParityLogConfig = ParityLogConfig {
+    area_offset_bytes: 8192,
+    area_bytes: 512 << 10,
+    signature: 0x5eed,
+    max_data_crcs: raid_core::ppl::MAX_DATA_CRCS,
+};
 const DATA_OFFSET_BYTES: u64 = 8192 + (512 << 10);
 
 /// What closes the write hole in a run.
@@ -285,6 +290,9 @@ enum Log {
     None,
     /// md's partial parity log (raid5).
     Ppl,
+    /// The same without raidnbd's data checksums in the headers: durable writes of several
+    /// blocks are retired from the log instead (before FLUSH or FUA is acknowledged).
+    PplRetiring,
     /// md's write journal on a fifth device (raid4/5/6).
     Journal,
 }
@@ -370,8 +378,11 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
     let geometry = geometry(level);
     let member_bytes = (DATA_OFFSET_BYTES + geometry.member_sectors(0) * SECTOR) as usize;
     let parallel = mode == Mode::Parallel;
-    let ppl =
-        (log_kind == Log::Ppl).then_some(if parallel { ParityLogConfig { area_bytes: 264 << 10, ..PPL } } else { PPL });
+    let ppl = matches!(log_kind, Log::Ppl | Log::PplRetiring).then_some(ParityLogConfig {
+        area_bytes: if parallel { 264 << 10 } else { PPL.area_bytes },
+        max_data_crcs: if log_kind == Log::PplRetiring { 0 } else { PPL.max_data_crcs },
+        ..PPL
+    });
     let world = World::new(u64::MAX, if parallel { 30 } else { 0 }, seed);
     let members: Vec<Arc<SimMember>> =
         (0..MEMBERS).map(|i| Arc::new(SimMember::new(format!("m{i}"), member_bytes, world.clone()))).collect();
@@ -527,6 +538,7 @@ fn sweep(level: Level, log_kind: Log, mode: Mode) -> Vec<(u64, Option<usize>)> {
             log.entries_logged += s.entries_logged;
             log.headers_written += s.headers_written;
             log.drains += s.drains;
+            log.retires += s.retires;
         }
         if let Some(j) = out.journal {
             journal.units_written += j.units_written;
@@ -542,6 +554,7 @@ fn sweep(level: Level, log_kind: Log, mode: Mode) -> Vec<(u64, Option<usize>)> {
     let log_name = match log_kind {
         Log::None => "",
         Log::Ppl => " with PPL",
+        Log::PplRetiring => " with PPL (no data checksums: retiring)",
         Log::Journal => " with a journal",
     };
     let how = if mode == Mode::Parallel { ", writes in parallel" } else { "" };
@@ -557,10 +570,10 @@ fn sweep(level: Level, log_kind: Log, mode: Mode) -> Vec<(u64, Option<usize>)> {
             journal.units_written, journal.pages_logged, journal.reclaims, journal.waits_for_room
         );
     }
-    if log_kind == Log::Ppl {
+    if matches!(log_kind, Log::Ppl | Log::PplRetiring) {
         eprintln!(
-            "  parity log: {} headers, {} entries, {} drains",
-            log.headers_written, log.entries_logged, log.drains
+            "  parity log: {} headers, {} entries, {} drains, {} retiring headers",
+            log.headers_written, log.entries_logged, log.drains, log.retires
         );
     }
     failing
@@ -607,6 +620,16 @@ fn raid5_with_the_partial_parity_log_and_writes_in_parallel_keeps_every_durable_
     assert!(failing.is_empty(), "raid5 with PPL, writes in parallel: failing seeds {failing:?}");
 }
 
+/// Without data checksums in the headers (as when they do not fit), a FLUSH or FUA write
+/// retires the durable writes from the newest header before it is acknowledged.
+#[test]
+fn raid5_with_the_partial_parity_log_retiring_durable_writes_keeps_every_durable_sector() {
+    for mode in [Mode::Sequential, Mode::Parallel] {
+        let failing = sweep(Level::Raid5, Log::PplRetiring, mode);
+        assert!(failing.is_empty(), "raid5 with PPL, retiring: failing seeds {failing:?}");
+    }
+}
+
 #[test]
 fn raid5_without_a_log_and_writes_in_parallel_has_the_write_hole() {
     let failing = sweep(Level::Raid5, Log::None, Mode::Parallel);
@@ -626,7 +649,8 @@ fn raid5_without_a_log_and_writes_in_parallel_has_the_write_hole() {
 ///   block was rebuilt from it as neither its old nor its new bytes (now: marked bad, EIO);
 /// - 2, 8, parallel 5, 17: then durable data read as errors: the newest header still named
 ///   writes a FLUSH or their FUA had made durable, and replay marked their rows bad (now:
-///   a new header stops naming them before the FLUSH or FUA write is acknowledged).
+///   the header's data checksums show such a write landed whole; without them, a new header
+///   stops naming it before the FLUSH or FUA write is acknowledged). Run both ways.
 #[test]
 fn parity_log_regression_seeds() {
     for (mode, seed) in [
@@ -645,8 +669,10 @@ fn parity_log_regression_seeds() {
         (Mode::Parallel, 5),
         (Mode::Parallel, 17),
     ] {
-        let out = run(Level::Raid5, Log::Ppl, mode, seed);
-        assert!(out.violations.is_empty(), "raid5 with PPL, seed {seed}: {}", out.violations.join("; "));
+        for log in [Log::Ppl, Log::PplRetiring] {
+            let out = run(Level::Raid5, log, mode, seed);
+            assert!(out.violations.is_empty(), "raid5 {log:?}, seed {seed}: {}", out.violations.join("; "));
+        }
     }
 }
 

@@ -29,6 +29,7 @@ rig_debug() {
 
 run dd if=/dev/urandom of=/tmp/a bs=1M count=4 status=none
 run dd if=/dev/urandom of=/tmp/small bs=4096 count=4 status=none
+run dd if=/dev/urandom of=/tmp/big bs=128K count=1 status=none
 printf '\356%.0s' $(seq 4096) > /tmp/ee # 4 KiB of 0xEE
 # The small writes, in 4 KiB blocks of the array: row 0 of stripes 0..3 (192 KiB each), in
 # chunks on roles 0, 3, 2, 2: never on role 1, the member B2 leaves out (its rows 0..7 in
@@ -42,6 +43,8 @@ for b in $SMALL_BLOCKS; do
   i=$((i + 1))
 done
 
+cp /tmp/expected /tmp/expected-a # A's writes: also /tmp/big at 1920 KiB
+dd if=/tmp/big of=/tmp/expected-a bs=128K seek=15 conv=notrunc status=none
 data_offset() { mdadm --examine "$1" | sed -n 's/^ *Data Offset : \([0-9]*\) sectors.*/\1/p'; }
 small_writes() { # DEV: the four 4 KiB writes, O_DIRECT, no FLUSH after them
   sw_i=0
@@ -63,9 +66,9 @@ md_check() { # -> mismatch_cnt of md's check of the running /dev/md0
   cat /sys/block/md0/md/mismatch_cnt
 }
 raidnbd_check() { raidnbd check --json $ALL | sed -n 's/.*"mismatch_cnt": *\([0-9]*\).*/\1/p'; }
-first_4m_is_expected() { # DEV WHAT
+first_4m_is_expected() { # DEV WHAT [EXPECTED]
   dd if="$1" of=/tmp/got bs=1M count=4 iflag=direct status=none
-  cmp /tmp/got /tmp/expected || fail "$2: the first 4 MiB differ from what was written"
+  cmp /tmp/got "${3:-/tmp/expected}" || fail "$2: the first 4 MiB differ from what was written"
   echo "ok: $2: the data reads back"
 }
 
@@ -86,6 +89,9 @@ nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 1
 run dd if=/tmp/a of=/dev/nbd0 bs=1M oflag=direct status=none
 run sync
 small_writes /dev/nbd0
+# And one 128 KiB write over two chunks of stripe 10 (parity on role 1): its log header
+# carries raidnbd's data checksums in the reserved bytes md fills with 0xFF and never reads.
+run dd if=/tmp/big of=/dev/nbd0 bs=128K count=1 seek=15 oflag=direct status=none
 raidnbd_stop KILL
 nbd_detach /dev/nbd0
 expect_eq "$(mdadm --examine /dev/vda | sed -n 's/^ *State : //p')" active "superblock state after the crash"
@@ -95,7 +101,7 @@ expect_eq "$(raidnbd_check)" 32 "raidnbd check (no replay) after the parity rows
 step "A3. md assembles the dirty array and replays raidnbd's log"
 run mdadm --assemble /dev/md0 $ALL
 dmesg | grep -i -e 'ppl' -e 'md0' | tail -n 5
-first_4m_is_expected /dev/md0 "md after replaying raidnbd's log"
+first_4m_is_expected /dev/md0 "md after replaying raidnbd's log" /tmp/expected-a
 expect_eq "$(md_check)" 0 "md's check after replaying raidnbd's log"
 run mdadm --stop /dev/md0
 

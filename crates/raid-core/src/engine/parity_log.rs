@@ -15,11 +15,12 @@
 //!   that starts after a write completed drops its entries). The newest header therefore
 //!   covers every stripe whose members may disagree; no two of its entries cover the same
 //!   rows of a stripe (see `check_room`).
-//! - Once a write is durable (a member flush after it, or its own FUA), the newest header
-//!   stops naming it before the FLUSH or the FUA write is acknowledged (`retire_log`: a new
-//!   header without it). Replay with a data member missing marks the rows it cannot replay
-//!   bad (bad_blocks.rs); were a durable write still named, acknowledged data on the lost
-//!   member would read as an error.
+//! - Replay with a data member missing marks the rows it cannot replay bad (bad_blocks.rs),
+//!   unless the entry's data checksums (raidnbd's, in the header's reserved bytes) show its
+//!   write landed whole. An entry of several data blocks whose checksums did not fit is
+//!   retired instead: once its write is durable (a member flush after it, or its own FUA),
+//!   a new header stops naming it before the FLUSH or FUA write is acknowledged
+//!   (`retire_logs`). Either way acknowledged data on a lost member never reads as an error.
 //! - Headers are appended; when the area is full the next one goes to its start, which is
 //!   allowed only while no pending entry was ever logged (a torn header at the start would
 //!   hide the older chain). Entries that wait for room make a member flush happen.
@@ -41,7 +42,7 @@ use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
-use crate::ppl::{PPL_HEADER_BYTES, PplEntry, PplHeader, newest_header, ppl_checksum};
+use crate::ppl::{DataChecksums, MAX_DATA_CRCS, PPL_HEADER_BYTES, PplEntry, PplHeader, newest_header, ppl_checksum};
 
 /// Where each member's log lives and what its headers carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +52,9 @@ pub struct ParityLogConfig {
     pub area_bytes: u64,
     /// md: CRC-32C of the array UUID.
     pub signature: u32,
+    /// Data checksums one header carries at most (`ppl::MAX_DATA_CRCS`; fewer only in
+    /// tests: entries without them are retired from the log once durable instead).
+    pub max_data_crcs: usize,
 }
 
 /// What replay at start found and did.
@@ -65,9 +69,12 @@ pub struct ReplayReport {
     /// Entries with rows not replayed because a modified data member is missing (its data
     /// was in flight: md does the same).
     pub entries_degraded: u64,
-    /// Parity sectors of those rows marked bad: rows where another block was written too, so
-    /// parity may match neither the old nor the new data and the lost chunk cannot be
-    /// rebuilt there (reads of it fail instead of returning garbage).
+    /// Of those, entries whose data checksums (raidnbd's, in the header) show the write
+    /// landed whole: the lost block rebuilds as its new data, nothing is marked.
+    pub entries_landed: u64,
+    /// Parity sectors of the other degraded rows marked bad: rows where another block was
+    /// written too, so parity may match neither the old nor the new data and the lost chunk
+    /// cannot be rebuilt there (reads of it fail instead of returning garbage).
     pub parity_sectors_bad: u64,
     /// Entries no writer makes (bad span, wrong parity member): the array then resyncs.
     pub entries_invalid: u64,
@@ -83,6 +90,8 @@ pub struct ParityLogStats {
     pub headers_written: u64,
     /// Member flushes started because a log was full.
     pub drains: u64,
+    /// Headers written only so that the newest one stops naming durable writes (`retire_logs`).
+    pub retires: u64,
 }
 
 /// Largest partial parity of one entry: longer segments are split (md logs 4 KiB rows).
@@ -105,6 +114,8 @@ pub(crate) struct LogRequest {
     pub entry: PplEntry,
     pub pp: AlignedBuf,
     pub footprint: Footprint,
+    /// CRC-32C of each written data block's new data, when two or more are written.
+    pub data_crcs: Vec<u32>,
 }
 
 /// What an entry's write changes in its stripe.
@@ -128,6 +139,7 @@ struct Pending {
     entry: PplEntry,
     pp: AlignedBuf,
     footprint: Footprint,
+    data_crcs: Vec<u32>,
     /// In a durable header.
     logged: bool,
     /// The write completed (member writes not yet flushed) when this many flushes had started.
@@ -149,7 +161,10 @@ struct ChildLog {
     next_id: u64,
     /// Device the area belongs to (a new device gets its area cleared first).
     device_id: Option<usize>,
-    /// Entries named by the newest header written (or being written).
+    /// Entries named by the newest header written (or being written) that a degraded replay
+    /// could take for writes in flight once they are durable: those of two or more data
+    /// blocks (with one, parity rebuilds the lost block as its old or new data) whose data
+    /// checksums did not fit in the header. They are retired once durable.
     header_ids: Vec<u64>,
 }
 
@@ -162,6 +177,7 @@ pub(crate) struct ParityLog {
     entries_logged: AtomicU64,
     headers_written: AtomicU64,
     drains: AtomicU64,
+    retires: AtomicU64,
 }
 
 impl ParityLog {
@@ -191,6 +207,7 @@ impl ParityLog {
             entries_logged: AtomicU64::new(0),
             headers_written: AtomicU64::new(0),
             drains: AtomicU64::new(0),
+            retires: AtomicU64::new(0),
         }
     }
 
@@ -203,6 +220,7 @@ impl ParityLog {
             entries_logged: self.entries_logged.load(Ordering::Relaxed),
             headers_written: self.headers_written.load(Ordering::Relaxed),
             drains: self.drains.load(Ordering::Relaxed),
+            retires: self.retires.load(Ordering::Relaxed),
         }
     }
 
@@ -322,7 +340,8 @@ impl ChildLog {
         self.entries.iter().all(|e| !e.logged)
     }
 
-    /// The newest header names an entry no longer pending (its write is durable).
+    /// The newest header names an entry (of several data blocks) no longer pending: its
+    /// write is durable.
     fn names_retired(&self) -> bool {
         self.header_ids.iter().any(|id| !self.entries.iter().any(|e| e.id == *id))
     }
@@ -407,6 +426,7 @@ impl<M: Member + ?Sized> Array<M> {
                                 entry: r.entry,
                                 pp: r.pp,
                                 footprint: r.footprint,
+                                data_crcs: r.data_crcs,
                                 logged: false,
                                 done_at_flush: None,
                             });
@@ -472,9 +492,34 @@ impl<M: Member + ?Sized> Array<M> {
             generation,
             entries: child.entries.iter().map(|e| e.entry).collect(),
         };
+        // The data checksums of the leading entries that fit; entries of several blocks
+        // after those must be retired from the log once durable (`retire_logs`).
+        let mut data = DataChecksums::default();
+        let pg = self.geometry.parity().expect("raid5 has parity");
+        let (chunk, dd) = (u64::from(pg.chunk_sectors()), pg.data_disks() as u64);
+        for e in &child.entries {
+            let replayed = e.entry.span(chunk, dd).map_or(0, |s| s.modified_disks(chunk) as usize);
+            let agrees = e.data_crcs.is_empty() || e.data_crcs.len() == replayed;
+            debug_assert!(agrees, "an entry's data checksums are one per block replay reads");
+            if !agrees || data.crcs.len() + e.data_crcs.len() > log.config.max_data_crcs.min(MAX_DATA_CRCS) {
+                break;
+            }
+            data.crcs.extend(&e.data_crcs);
+            data.entries += 1;
+        }
+        child.header_ids = child
+            .entries
+            .iter()
+            .skip(data.entries)
+            .filter(|e| e.footprint.written.count_ones() >= 2)
+            .map(|e| e.id)
+            .collect();
+        if data.crcs.is_empty() {
+            data = DataChecksums::default(); // md's bytes
+        }
         let len = if fresh { log.config.area_bytes as usize } else { unit_bytes };
         let mut image = AlignedBuf::zeroed(len);
-        image.as_mut_slice()[..PPL_HEADER_BYTES].copy_from_slice(&header.encode());
+        image.as_mut_slice()[..PPL_HEADER_BYTES].copy_from_slice(&header.encode_with(&data));
         let mut at = PPL_HEADER_BYTES;
         for e in &child.entries {
             image.as_mut_slice()[at..at + e.pp.len()].copy_from_slice(e.pp.as_slice());
@@ -483,8 +528,7 @@ impl<M: Member + ?Sized> Array<M> {
         child.writing = true;
         child.next_offset = offset + unit_bytes as u64;
         child.device_id = device_id;
-        child.header_ids = child.entries.iter().map(|e| e.id).collect();
-        HeaderWrite { ids: child.header_ids.clone(), offset, image }
+        HeaderWrite { ids: child.entries.iter().map(|e| e.id).collect(), offset, image }
     }
 
     /// Makes the newest header of each of `roles`' logs name only pending entries: after a
@@ -523,7 +567,10 @@ impl<M: Member + ?Sized> Array<M> {
                 (log.changed.listen(), next)
             };
             match next {
-                Next::Write(unit) => self.write_header(role, unit).await,
+                Next::Write(unit) => {
+                    log.retires.fetch_add(1, Ordering::Relaxed);
+                    self.write_header(role, unit).await
+                }
                 Next::Flush => self.flush_members().await?,
                 Next::Wait => listener.await,
             }
@@ -608,7 +655,9 @@ impl<M: Member + ?Sized> Array<M> {
             report.logs += 1;
             max_generation = max_generation.max(header.generation);
             if unclean {
-                self.replay_header(role, &header, &area.as_slice()[at + PPL_HEADER_BYTES..], &mut report).await?;
+                let data = PplHeader::data_checksums(&area.as_slice()[at..]);
+                let pp_area = &area.as_slice()[at + PPL_HEADER_BYTES..];
+                self.replay_header(role, &header, &data, pp_area, &mut report).await?;
             }
         }
         if unclean {
@@ -647,6 +696,7 @@ impl<M: Member + ?Sized> Array<M> {
         &self,
         role: usize,
         header: &PplHeader,
+        data: &DataChecksums,
         pp_area: &[u8],
         report: &mut ReplayReport,
     ) -> Result<()> {
@@ -654,11 +704,24 @@ impl<M: Member + ?Sized> Array<M> {
         let chunk = u64::from(pg.chunk_sectors());
         let dd = pg.data_disks() as u64;
         let mut pp_at = 0usize;
-        for e in &header.entries {
+        // Where the next entry's data checksums start; None once an entry's count is unknown.
+        let mut crc_at = Some(0usize);
+        for (i, e) in header.entries.iter().enumerate() {
             let pp_len = e.pp_size as usize;
             let pp = pp_area.get(pp_at..pp_at + pp_len);
             pp_at += pp_len;
             let span = e.span(chunk, dd).filter(|s| s.end_sector <= self.geometry.array_sectors());
+            let mut crcs: Option<&[u32]> = None;
+            if i < data.entries {
+                crc_at = crc_at.zip(span).map(|(at, span)| {
+                    let n = match span.modified_disks(chunk) as usize {
+                        n if n >= 2 => n,
+                        _ => 0,
+                    };
+                    crcs = data.crcs.get(at..at + n).filter(|c| !c.is_empty());
+                    at + n
+                });
+            }
             let (Some(pp), Some(span)) = (pp, span) else {
                 report.entries_invalid += 1;
                 continue;
@@ -675,10 +738,16 @@ impl<M: Member + ?Sized> Array<M> {
             let mut row_ok = vec![true; span.rows as usize];
             // Data blocks the entry's write modified, per row.
             let mut modified = vec![0u32; span.rows as usize];
+            // Per modified block: the CRC-32C of its rows now, if it is here whole.
+            let mut block_crcs: Vec<Option<u32>> = Vec::with_capacity(span.data_disks as usize);
             for disk in 0..span.data_disks {
                 let start = span.first_sector + disk * chunk;
                 let rows = span.rows.min(span.end_sector.saturating_sub(start));
+                if rows == 0 {
+                    continue;
+                }
                 modified[..rows as usize].iter_mut().for_each(|m| *m += 1);
+                let mut crc = (rows == span.rows).then_some(0u32);
                 let mut row = 0;
                 while row < rows {
                     let mapped = self.geometry.map(start + row);
@@ -686,27 +755,40 @@ impl<M: Member + ?Sized> Array<M> {
                     let copy = mapped.copies[0];
                     if !self.members.slots[copy.role].is_readable(copy.member_sector, n) {
                         row_ok[row as usize..(row + n) as usize].fill(false);
+                        crc = None;
                     } else {
                         let buf = self.read_member(copy.role, copy.member_sector, n).await.map_err(|err| {
                             RaidError::io(format!("parity log replay: cannot read role {}", copy.role), err)
                         })?;
                         let at = (row * SECTOR_BYTES) as usize;
                         crate::parity::xor_into(&mut parity[at..at + buf.len()], buf.as_slice());
+                        crc = crc.map(|c| crc32c::crc32c_append(c, buf.as_slice()));
                     }
                     row += n;
                 }
+                block_crcs.push(crc);
             }
             if !pp.is_empty() {
                 let n = parity.len().min(pp.len());
                 crate::parity::xor_into(&mut parity[..n], &pp[..n]);
             }
-            if row_ok.iter().any(|ok| !ok) {
+            let degraded = row_ok.iter().any(|ok| !ok);
+            if degraded {
                 report.entries_degraded += 1;
+            }
+            // A write whose data checksums show it landed whole (its other blocks hold their
+            // new data, and parity rebuilds the lost one as its new data): nothing to mark.
+            let landed = match crcs {
+                Some(crcs) if degraded => self.landed_whole(role, &span, crcs, &block_crcs, &parity).await?,
+                _ => false,
+            };
+            if landed {
+                report.entries_landed += 1;
             }
             // Rows that cannot be replayed: parity may be a mix of the old and new data of
             // several blocks. Marked bad, so the lost chunk reads as an error there.
             let mut row = 0u64;
-            while row < span.rows {
+            while row < span.rows && !landed {
                 let unknown = |row: u64| !row_ok[row as usize] && modified[row as usize] >= 2;
                 if !unknown(row) {
                     row += 1;
@@ -755,6 +837,39 @@ impl<M: Member + ?Sized> Array<M> {
             report.entries_replayed += 1;
         }
         Ok(())
+    }
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// Whether a degraded entry's write landed whole: every modified block that is here holds
+    /// the new data its checksum names, and the one missing block, rebuilt from the parity on
+    /// `role` and `partial` (the XOR of the partial parity and the blocks that are here), does
+    /// too. One block must be missing (raid5).
+    async fn landed_whole(
+        &self,
+        role: usize,
+        span: &crate::ppl::EntrySpan,
+        crcs: &[u32],
+        block_crcs: &[Option<u32>],
+        partial: &[u8],
+    ) -> Result<bool> {
+        let missing: Vec<usize> = (0..block_crcs.len()).filter(|&d| block_crcs[d].is_none()).collect();
+        let [lost] = missing[..] else { return Ok(false) };
+        if crcs.len() != block_crcs.len() || (0..crcs.len()).any(|d| d != lost && block_crcs[d] != Some(crcs[d])) {
+            return Ok(false);
+        }
+        let pg = self.geometry.parity().expect("raid5 has parity");
+        let (stripe, _, r) = pg.locate(span.first_sector);
+        if pg.stripe(stripe).p_role != role || u64::from(r) + span.rows > u64::from(pg.chunk_sectors()) {
+            return Ok(false);
+        }
+        let at = pg.stripe_member_sector(stripe) + u64::from(r);
+        let mut rebuilt = self
+            .read_member(role, at, span.rows)
+            .await
+            .map_err(|err| RaidError::io("parity log replay: cannot read parity", err))?;
+        crate::parity::xor_into(rebuilt.as_mut_slice(), partial);
+        Ok(ppl_checksum(rebuilt.as_slice()) == crcs[lost])
     }
 }
 

@@ -405,12 +405,16 @@ impl<M: Member + ?Sized> Array<M> {
                 let write = &writes[job.write];
                 let entry = logging.then(|| self.log_entry(&job, write.stripe, &layouts[job.write])).flatten();
                 let footprint = Footprint { stripe: write.stripe, written: job.written, rows: job.rows };
+                let data_crcs = match entry {
+                    Some(_) => self.new_data_crcs(&job, write, src),
+                    None => Vec::new(),
+                };
                 let mut member_writes = Vec::new();
                 let pp = self.compute_job(job, write, &layouts, src, &mut member_writes, entry.is_some());
                 debug_assert!(entry.is_none() || pp.is_some(), "a job writing P has its partial parity");
                 let request = entry.zip(pp).map(|((role, mut entry), pp)| {
                     entry.checksum = crate::ppl::ppl_checksum(pp.as_slice());
-                    LogRequest { role, entry, pp, footprint }
+                    LogRequest { role, entry, pp, footprint, data_crcs }
                 });
                 computed.push((member_writes, request));
             }
@@ -440,6 +444,28 @@ impl<M: Member + ?Sized> Array<M> {
             return self.clear_bad(&clears).await;
         }
         Err(RaidError::new(ErrorKind::Io, "write: members kept failing"))
+    }
+
+    /// For a job writing two or more data blocks: the CRC-32C of each one's new data, in
+    /// block order (a degraded replay tells a write that landed whole by them: `ppl.rs`
+    /// `DataChecksums`). None for one block (replay never needs them then).
+    fn new_data_crcs(&self, job: &Job, write: &StripeWrite, src: WriteSource<'_>) -> Vec<u32> {
+        if job.written.count_ones() < 2 {
+            return Vec::new();
+        }
+        let len = (job.sectors() * SECTOR_BYTES) as usize;
+        let zeros_crc = matches!(src, WriteSource::Zeros).then(|| crate::ppl::ppl_checksum(&vec![0; len]));
+        (0..write.blocks.len())
+            .filter(|&k| job.written & (1 << k) != 0)
+            .map(|k| match src {
+                WriteSource::Data(data) => {
+                    let bw = write.blocks[k].expect("written block");
+                    let at = bw.req_offset_bytes + ((job.rows.0 - bw.rows.0) as u64 * SECTOR_BYTES) as usize;
+                    crate::ppl::ppl_checksum(&data[at..at + len])
+                }
+                WriteSource::Zeros => zeros_crc.expect("zeros"),
+            })
+            .collect()
     }
 
     /// The (role, member sector, sectors) a job rewrites with right contents: its data
@@ -843,6 +869,7 @@ impl<M: Member + ?Sized> Array<M> {
     fn zero_log_requests(&self, stripe: u64, n: u64) -> Vec<LogRequest> {
         let pg = self.parity_geometry();
         let (dd, chunk) = (pg.data_disks() as u64, u64::from(pg.chunk_sectors()));
+        let zeros_crc = crate::ppl::ppl_checksum(&vec![0; (chunk * SECTOR_BYTES) as usize]);
         (stripe..stripe + n)
             .filter_map(|s| {
                 let p = pg.stripe(s).p_role;
@@ -857,6 +884,7 @@ impl<M: Member + ?Sized> Array<M> {
                     },
                     pp: AlignedBuf::zeroed(0),
                     footprint: Footprint { stripe: s, written: (1u64 << dd) - 1, rows: (0, chunk as u32) },
+                    data_crcs: if dd >= 2 { vec![zeros_crc; dd as usize] } else { Vec::new() },
                 })
             })
             .collect()

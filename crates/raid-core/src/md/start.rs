@@ -127,12 +127,13 @@ pub async fn start<M: Member + ?Sized>(
             if unclean {
                 tracing::info!(
                     "unclean stop: partial parity log replayed ({} logs, {} entries, {} parity sectors rewritten; \
-                     {} torn, {} with a member missing, {} invalid)",
+                     {} torn, {} with a member missing ({} of them landed whole), {} invalid)",
                     report.logs,
                     report.entries_replayed,
                     report.parity_sectors,
                     report.entries_torn,
                     report.entries_degraded,
+                    report.entries_landed,
                     report.entries_invalid
                 );
                 if report.parity_sectors_bad > 0 {
@@ -172,6 +173,7 @@ fn parity_log_config(assembly: &Assembly) -> Result<Option<ParityLogConfig>> {
         area_offset_bytes: start as u64,
         area_bytes: len,
         signature: ppl_signature(meta.uuid.0),
+        max_data_crcs: crate::ppl::MAX_DATA_CRCS,
     }))
 }
 
