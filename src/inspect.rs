@@ -91,6 +91,11 @@ fn examine_json(path: &str, sb: &Superblock, device_bytes: u64) -> Value {
         "chunk_bytes": u64::from(sb.chunksize) * SECTOR_BYTES,
         "device_role": sb.role().to_string(),
         "write_mostly": sb.devflags & raid_core::md::DEVFLAG_WRITE_MOSTLY != 0,
+        "bad_block_log": (sb.bblog_offset != 0).then(|| json!({
+            "entries": u64::from(sb.bblog_size) * SECTOR_BYTES / 8,
+            "offset_sectors": sb.bblog_offset,
+            "bad_blocks_present": sb.feature_map.contains(FeatureMap::BAD_BLOCKS),
+        })),
         "array_state": array_state_chars(sb),
     })
 }
@@ -125,6 +130,12 @@ fn examine_text(path: &str, sb: &Superblock) -> String {
         line("Flags", "write-mostly".into());
     }
     line("Update Time", ctime(sb.utime_secs()));
+    if sb.bblog_offset != 0 {
+        // mdadm's wording; the list itself: `mdadm --examine-badblocks`.
+        let present = if sb.feature_map.contains(FeatureMap::BAD_BLOCKS) { " - bad blocks present." } else { "" };
+        let entries = u64::from(sb.bblog_size) * SECTOR_BYTES / 8;
+        line("Bad Block Log", format!("{entries} entries available at offset {} sectors{present}", sb.bblog_offset));
+    }
     line("Events", sb.events.to_string());
     if let Some(layout) = layout_name(sb.level, sb.layout) {
         line("Layout", layout);

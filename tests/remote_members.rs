@@ -275,6 +275,13 @@ fn remote_array(level: &str) {
             ("Device Role", remote[0]["device_role"].as_str().unwrap().to_string()),
             ("Raid Level", remote[0]["raid_level"].as_str().unwrap().to_string()),
             ("Internal Bitmap", "8 sectors from superblock".to_string()),
+            (
+                "Bad Block Log",
+                format!(
+                    "{} entries available at offset {} sectors",
+                    remote[0]["bad_block_log"]["entries"], remote[0]["bad_block_log"]["offset_sectors"]
+                ),
+            ),
         ] {
             assert!(
                 mdadm.lines().any(|l| l.trim_start().starts_with(field) && l.trim_end().ends_with(&want)),
