@@ -88,10 +88,13 @@ raidnbd_serve $ALL
 nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 1
 run dd if=/tmp/a of=/dev/nbd0 bs=1M oflag=direct status=none
 run sync
-small_writes /dev/nbd0
-# And one 128 KiB write over two chunks of stripe 10 (parity on role 1): its log header
-# carries raidnbd's data checksums in the reserved bytes md fills with 0xFF and never reads.
+# One 128 KiB write over two chunks of stripe 10 (parity on role 1): the log headers that
+# name it carry raidnbd's data checksums in the reserved bytes md fills with 0xFF and never
+# reads. It goes first: a write that finds its log area full waits for a member flush (then
+# wraps), and such a flush after the small writes would make them durable, parity included,
+# so the parity made stale below would no longer be what a crash could leave.
 run dd if=/tmp/big of=/dev/nbd0 bs=128K count=1 seek=15 oflag=direct status=none
+small_writes /dev/nbd0
 raidnbd_stop KILL
 nbd_detach /dev/nbd0
 expect_eq "$(mdadm --examine /dev/vda | sed -n 's/^ *State : //p')" active "superblock state after the crash"
