@@ -158,6 +158,13 @@ raidnbd_serve() { # [SERVE OPTION...] MEMBER...: start the server, wait until it
     rs_n=$((rs_n + 1)); [ "$rs_n" -le 150 ] || fail "raidnbd serve does not listen on 127.0.0.1:$RAIDNBD_PORT after 30 s"
     sleep 0.2
   done
+  # The line that describes the export (state, DEGRADED, ...) is logged just after the
+  # listener opens: wait for it, so checks of the start's log see it.
+  rs_n=0
+  until raidnbd_last_log | contains 'serving export'; do
+    rs_n=$((rs_n + 1)); [ "$rs_n" -le 50 ] || fail "raidnbd serve listens but logged no 'serving export' line after 10 s"
+    sleep 0.2
+  done
 }
 raidnbd_stop() { # [SIGNAL]: TERM (default: orderly stop, must exit 0) or KILL (a crash)
   kill "-${1:-TERM}" "$RAIDNBD_PID"
