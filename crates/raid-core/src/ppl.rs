@@ -100,13 +100,14 @@ impl PplHeader {
         self.encode_with(&DataChecksums::default())
     }
 
-    /// The image with raidnbd's data checksums in the reserved bytes (none: md's bytes).
+    /// The image with raidnbd's data checksums in the reserved bytes (md's bytes when there
+    /// are none).
     pub fn encode_with(&self, data: &DataChecksums) -> Vec<u8> {
         assert!(self.entries.len() <= PPL_MAX_ENTRIES, "{} entries exceed one header", self.entries.len());
         assert!(data.crcs.len() <= MAX_DATA_CRCS && data.entries <= self.entries.len(), "data checksums fit");
         let mut b = vec![0u8; PPL_HEADER_BYTES];
         b[..RESERVED_BYTES].fill(0xFF);
-        if data.entries > 0 {
+        if !data.crcs.is_empty() {
             b[..4].copy_from_slice(DATA_CRC_TAG);
             b[4..6].copy_from_slice(&(data.entries as u16).to_le_bytes());
             b[6..8].copy_from_slice(&(data.crcs.len() as u16).to_le_bytes());

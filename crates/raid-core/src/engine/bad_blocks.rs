@@ -86,7 +86,7 @@ impl<M: Member + ?Sized> Array<M> {
         if touched.is_empty() {
             return Ok(());
         }
-        self.flush().await?;
+        self.flush_members().await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         let mut roles: Vec<usize> = touched.iter().map(|r| r.0).collect();
         roles.sort_unstable();

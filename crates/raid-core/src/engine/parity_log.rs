@@ -514,9 +514,6 @@ impl<M: Member + ?Sized> Array<M> {
             .filter(|e| e.footprint.written.count_ones() >= 2)
             .map(|e| e.id)
             .collect();
-        if data.crcs.is_empty() {
-            data = DataChecksums::default(); // md's bytes
-        }
         let len = if fresh { log.config.area_bytes as usize } else { unit_bytes };
         let mut image = AlignedBuf::zeroed(len);
         image.as_mut_slice()[..PPL_HEADER_BYTES].copy_from_slice(&header.encode_with(&data));

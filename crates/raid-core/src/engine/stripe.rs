@@ -454,7 +454,7 @@ impl<M: Member + ?Sized> Array<M> {
             return Vec::new();
         }
         let len = (job.sectors() * SECTOR_BYTES) as usize;
-        let zeros_crc = matches!(src, WriteSource::Zeros).then(|| crate::ppl::ppl_checksum(&vec![0; len]));
+        let zeros_crc = matches!(src, WriteSource::Zeros).then(|| zeros_checksum(len));
         (0..write.blocks.len())
             .filter(|&k| job.written & (1 << k) != 0)
             .map(|k| match src {
@@ -869,7 +869,7 @@ impl<M: Member + ?Sized> Array<M> {
     fn zero_log_requests(&self, stripe: u64, n: u64) -> Vec<LogRequest> {
         let pg = self.parity_geometry();
         let (dd, chunk) = (pg.data_disks() as u64, u64::from(pg.chunk_sectors()));
-        let zeros_crc = crate::ppl::ppl_checksum(&vec![0; (chunk * SECTOR_BYTES) as usize]);
+        let zeros_crc = zeros_checksum((chunk * SECTOR_BYTES) as usize);
         (stripe..stripe + n)
             .filter_map(|s| {
                 let p = pg.stripe(s).p_role;
@@ -889,6 +889,11 @@ impl<M: Member + ?Sized> Array<M> {
             })
             .collect()
     }
+}
+
+/// CRC-32C of `len` zero bytes (the new data of a zeroed block).
+fn zeros_checksum(len: usize) -> u32 {
+    crate::ppl::ppl_checksum(&vec![0; len])
 }
 
 /// One computed job of a journaled write: its stripe, rows and member writes.
