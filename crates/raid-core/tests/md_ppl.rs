@@ -295,6 +295,74 @@ mod md_ppl {
         assert!(started.array.bad_blocks(3).is_empty());
     }
 
+    /// Stripe 2 of `create`'s arrays: parity on role 1 (left-symmetric), data on roles 2, 3, 0.
+    const STRIPE2: u64 = 6 << 16;
+
+    /// Role 1 failed, removed, added again as a spare and rebuilt, while stripe 2 changed:
+    /// its log area held headers (of an earlier life) with partial parity of data changed
+    /// since. Returns the started array and what stripe 2 holds.
+    fn member_back_in_role_1(members: &[Arc<MemoryMember>]) -> (md::Started<dyn Member>, Vec<u8>) {
+        let started = start(members, StartOptions::default());
+        let array = &started.array;
+        let mut want = pattern(1, 3 << 16);
+        block_on(array.write(STRIPE2, &want, true)).unwrap();
+        // A small write: a header on role 1 whose partial parity holds chunks 1 and 2's data.
+        block_on(array.write(STRIPE2, &pattern(2, 4096), false)).unwrap();
+        block_on(array.flush()).unwrap();
+        block_on(array.fail_role(1)).unwrap();
+        // While role 1 is away, chunk 1 of the stripe changes (no parity to write).
+        block_on(array.write(STRIPE2 + (1 << 16), &pattern(3, 4096), true)).unwrap();
+        block_on(array.remove_device("m1")).unwrap();
+        block_on(array.add_spare(members[1].clone() as Arc<dyn Member>)).unwrap();
+        while block_on(array.maintenance_step(1 << 20)).unwrap() != raid_core::engine::Step::Idle {}
+        assert!(array.is_optimal());
+        want[..4096].copy_from_slice(&pattern(2, 4096));
+        want[1 << 16..(1 << 16) + 4096].copy_from_slice(&pattern(3, 4096));
+        assert_eq!(block_on(array.read(STRIPE2, want.len())).unwrap().to_vec(), want);
+        // A write elsewhere (parity on role 3) keeps the array dirty.
+        block_on(array.write(0, &pattern(4, 4096), true)).unwrap();
+        (started, want)
+    }
+
+    /// After the crash: no mismatch, and with role 3 (chunk 1 of stripe 2) lost, chunk 1 is
+    /// rebuilt right from role 1's parity.
+    fn stripe2_survives_a_lost_member(members: &[Arc<MemoryMember>], want: &[u8]) {
+        let started = start(members, StartOptions::default());
+        let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+        assert_eq!(counts.mismatch_sectors, 0, "stripe 2's parity after the replay");
+        drop(started);
+        let survivors: Vec<Arc<MemoryMember>> = [0, 1, 2].iter().map(|&i| members[i].clone()).collect();
+        let started = start(&survivors, StartOptions::default());
+        assert!(!started.array.is_read_only());
+        assert_eq!(block_on(started.array.read(STRIPE2, want.len())).unwrap().to_vec(), want);
+    }
+
+    /// A crash before the member's first new header must not replay its old ones. As md
+    /// (`ppl_modify_log`), the area is cleared before the device takes the role.
+    #[test]
+    fn a_member_back_in_its_role_brings_no_stale_log_to_a_replay() {
+        let members = create(true);
+        let (started, want) = member_back_in_role_1(&members);
+        drop(started); // crash
+        stripe2_survives_a_lost_member(&members, &want);
+    }
+
+    /// The crash tears the member's first new header instead: its writes had not gone out
+    /// (data follows the header), so there is nothing to replay and nothing stale to find.
+    #[test]
+    fn a_torn_first_header_on_a_member_new_to_its_role_replays_nothing() {
+        let members = create(true);
+        let (started, want) = member_back_in_role_1(&members);
+        // The bytes stripe 2 already holds: a crash before the data went out looks the same.
+        block_on(started.array.write(STRIPE2, &want[..4096], false)).unwrap();
+        assert!(started.array.parity_log_stats().unwrap().headers_written >= 2);
+        drop(started); // crash, tearing the header
+        block_on(members[1].write_at(AREA_AT as u64, AlignedBuf::zeroed(2048), false)).0.unwrap();
+        let area = block_on(members[1].read_at(AREA_AT as u64, AlignedBuf::zeroed(1 << 20))).1;
+        assert!(newest_header(area.as_slice(), ppl_signature([9; 16])).is_none(), "no valid header on role 1");
+        stripe2_survives_a_lost_member(&members, &want);
+    }
+
     /// Data offset of `create`'s 8 MiB members.
     const DATA_AT_SMALL: u64 = 4096 * 512;
 

@@ -315,6 +315,12 @@ impl<M: Member + ?Sized> Array<M> {
         // writes take a while) must show it one way or the other, never neither (`ctl wait`
         // would read that as idle). If the assignment cannot be recorded it stays a spare.
         let Some(spare) = self.members.spares.lock().expect("spares lock").last().cloned() else { return Ok(None) };
+        if let Err(e) = self.clear_parity_log_of(&spare).await {
+            tracing::error!(member = spare.member.name(), error = %e, "spare marked faulty");
+            self.members.spares.lock().expect("spares lock").retain(|d| d.id != spare.id);
+            self.persist_locked(StateChange::Faulty { device: spare.id }).await;
+            return Ok(None);
+        }
         let slot = &self.members.slots[role];
         if let Some(old) = slot.take_device() {
             self.persist_locked(StateChange::Remove { device: old.id }).await;

@@ -286,6 +286,7 @@ impl<M: Member + ?Sized> Array<M> {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
         }
         let device = self.new_device(member).await?;
+        self.clear_parity_log_of(&device).await?;
         self.persist_new_device_locked(&device, false).await?;
         self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
         slot.bitmap_recovery.store(true, Ordering::Release);
@@ -370,6 +371,7 @@ impl<M: Member + ?Sized> Array<M> {
             ));
         }
         let device = self.new_device(member).await?;
+        self.clear_parity_log_of(&device).await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.persist_new_device_locked(&device, false).await?;
         slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use event_listener::Event;
 use futures::future::join_all;
 
-use super::Array;
+use super::{Array, Device};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -209,6 +209,15 @@ impl ParityLog {
             drains: AtomicU64::new(0),
             retires: AtomicU64::new(0),
         }
+    }
+
+    /// Writes an empty header over `member`'s cleared area (FUA).
+    async fn clear_area<M: Member + ?Sized>(&self, member: &M) -> std::io::Result<()> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let empty = PplHeader { signature: self.config.signature, generation, entries: Vec::new() }.encode();
+        let mut image = AlignedBuf::zeroed(self.config.area_bytes as usize);
+        image.as_mut_slice()[..PPL_HEADER_BYTES].copy_from_slice(&empty);
+        member.write_at(self.config.area_offset_bytes, image, true).await.0
     }
 
     fn lock(&self, role: usize) -> std::sync::MutexGuard<'_, ChildLog> {
@@ -601,6 +610,18 @@ impl<M: Member + ?Sized> Array<M> {
         log.changed.notify(usize::MAX);
     }
 
+    /// Before `device` takes a role: clears its log area, which may still hold the headers
+    /// of an earlier life in this array (a member failed and added back). Replayed after a
+    /// crash that came before its first new header, they would rewrite parity from partial
+    /// parity of data changed since. md clears it too (`ppl_modify_log`).
+    pub(super) async fn clear_parity_log_of(&self, device: &Device<M>) -> Result<()> {
+        let Some(log) = &self.parity_log else { return Ok(()) };
+        let member = &device.member;
+        log.clear_area(&**member)
+            .await
+            .map_err(|e| RaidError::io(format!("{}: cannot clear the parity log area", member.name()), e))
+    }
+
     /// Parity log counters (`None` without a log).
     pub fn parity_log_stats(&self) -> Option<ParityLogStats> {
         self.parity_log.as_ref().map(ParityLog::stats)
@@ -662,13 +683,9 @@ impl<M: Member + ?Sized> Array<M> {
         }
         log.generation.fetch_max(max_generation, Ordering::AcqRel);
         // Empty headers over cleared areas (a stale chain must not follow a new header).
-        let generation = log.generation.load(Ordering::Acquire);
-        let empty = PplHeader { signature: log.config.signature, generation, entries: Vec::new() }.encode();
         let results = join_all(roles.iter().map(|&role| {
-            let mut image = AlignedBuf::zeroed(log.config.area_bytes as usize);
-            image.as_mut_slice()[..PPL_HEADER_BYTES].copy_from_slice(&empty);
             let member = self.members.slots[role].member();
-            async move { (role, member.write_at(log.config.area_offset_bytes, image, true).await.0) }
+            async move { (role, log.clear_area(&*member).await) }
         }))
         .await;
         for (role, res) in results {
