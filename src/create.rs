@@ -200,16 +200,17 @@ pub async fn run(args: CreateArgs) -> Result<()> {
             format_size(u64::from(b.chunk_bytes))
         ),
         (None, _) if geometry.max_failures() > 0 => {
-            println!("consistency policy: resync (after a crash the whole array resyncs)");
-            if matches!(level, Level::Raid4 | Level::Raid6) {
-                println!(
-                    "note: a {level} that crashes and then loses a member before its resync ends may rebuild \
-                     stale parity (it starts read-only then, unless --force); md's partial parity log is \
-                     raid5-only, but a write journal (--write-journal DEVICE) closes that hole"
-                );
-            }
+            println!("consistency policy: resync (after a crash the whole array resyncs)")
         }
         (None, _) => {}
+    }
+    if matches!(level, Level::Raid4 | Level::Raid6) && policy != Policy::Journal {
+        println!(
+            "note: the write hole is open: a {level} that crashes and then loses a member before its resync \
+             ends may rebuild stale parity (it starts read-only then, unless --force). md's partial parity log \
+             is raid5-only; a write journal (--write-journal DEVICE, a device besides the members, at least \
+             (data + parity) / data times as fast as one) closes the hole"
+        );
     }
     let missing = slots.iter().filter(|s| s.is_none()).count();
     if missing > 0 {

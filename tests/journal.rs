@@ -41,7 +41,11 @@ fn a_journaled_array_is_served_without_trim_and_reports_its_journal() {
         d,
         &["create", "--level", "6", "--chunk", "64K", "--size", "16M", "--write-journal", "j", "m0", "m1", "m2", "m3"],
     ));
-    assert!(out.contains("consistency policy: journal"), "{out}");
+    assert!(out.contains("consistency policy: journal") && !out.contains("write hole is open"), "{out}");
+    // Without a journal, create says the hole is open and what closes it.
+    let plain = ["create", "--level", "6", "--chunk", "64K", "--size", "16M", "n0", "n1", "n2", "n3"];
+    let out = assert_ok(&raidnbd(d, &plain));
+    assert!(out.contains("note: the write hole is open") && out.contains("--write-journal DEVICE"), "{out}");
     let detail = assert_ok(&raidnbd(d, &["detail", "m0", "m1", "m2", "m3", "j"]));
     assert!(detail.contains("Consistency Policy : journal") && detail.contains("journal           j"), "{detail}");
     let socket = d.join("c.sock");

@@ -328,6 +328,65 @@ enum Mode {
     /// Up to four non-overlapping writes at once, member I/Os yielding at random (their
     /// effects interleave), and a log area just large enough that headers wrap often.
     Parallel,
+    /// One request at a time, and a member that leaves its role and comes back: it fails, the
+    /// array runs degraded, then the same member (its log area as it left it) is removed,
+    /// added as a spare and rebuilt, a stripe per operation. The crash may strike in any of
+    /// it; a member not rebuilt by then is missing at the restart (md would find it recovering).
+    Rejoin,
+}
+
+/// A member's leaving and coming back (`Mode::Rejoin`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rejoin {
+    /// In its role until operation `fail_at`.
+    Before {
+        fail_at: usize,
+    },
+    /// Failed; added back at operation `back_at`.
+    Away {
+        back_at: usize,
+    },
+    Rebuilding,
+    Back,
+}
+
+/// Advances the rejoin of `role` at operation `op` (errors only once the crash struck).
+fn rejoin_step(
+    array: &Array<SimMember>,
+    members: &[Arc<SimMember>],
+    world: &Mutex<World>,
+    role: usize,
+    state: &mut Rejoin,
+    op: usize,
+    rng: &mut Rng,
+) {
+    match *state {
+        Rejoin::Before { fail_at } if op >= fail_at => {
+            if block_on(array.fail_role(role)).is_ok() {
+                *state = Rejoin::Away { back_at: op + 1 + rng.below(20) as usize };
+            }
+        }
+        Rejoin::Away { back_at } if op >= back_at => {
+            let back = block_on(array.remove_device(&format!("m{role}")))
+                .and_then(|()| block_on(array.add_spare(members[role].clone())));
+            if back.is_ok() {
+                *state = Rejoin::Rebuilding;
+            }
+        }
+        Rejoin::Rebuilding => {
+            let _ = block_on(array.maintenance_step(u64::from(CHUNK_SECTORS) * SECTOR));
+            if array.is_optimal() {
+                *state = Rejoin::Back;
+                // In half the runs the crash comes soon after, before or around the member's
+                // first new log header.
+                if rng.chance(50) {
+                    let mut w = world.lock().unwrap();
+                    w.crash_at = w.crash_at.min(w.ios + 1 + rng.below(60));
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 fn start(
@@ -384,6 +443,8 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
         ..PPL
     });
     let world = World::new(u64::MAX, if parallel { 30 } else { 0 }, seed);
+    let rejoin_role = rng.below(MEMBERS as u64) as usize;
+    let mut rejoin = (mode == Mode::Rejoin).then(|| Rejoin::Before { fail_at: rng.below(40) as usize });
     let members: Vec<Arc<SimMember>> =
         (0..MEMBERS).map(|i| Arc::new(SimMember::new(format!("m{i}"), member_bytes, world.clone()))).collect();
     let journal = (log_kind == Log::Journal)
@@ -391,7 +452,7 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
     let array = start(&geometry, members.iter().cloned().map(Some).collect(), false, ppl, journal.clone());
     {
         let mut w = world.lock().unwrap();
-        w.crash_at = w.ios + 1 + rng.below(if parallel { 1500 } else { 400 });
+        w.crash_at = w.ios + 1 + rng.below(if mode == Mode::Sequential { 400 } else { 1500 });
     }
     let size = array.size_bytes();
     let sectors = (size / SECTOR) as usize;
@@ -401,6 +462,9 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
     let mut ops = 0;
     while !world.lock().unwrap().crashed {
         ops += 1;
+        if let Some(state) = &mut rejoin {
+            rejoin_step(&array, &members, &world, rejoin_role, state, ops, &mut rng);
+        }
         if rng.chance(15) {
             let ok = block_on(array.flush()).is_ok();
             if ok && !world.lock().unwrap().crashed {
@@ -471,7 +535,11 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
     // Recovery: the members as the crash left them; sometimes one is lost.
     let images: Vec<Vec<u8>> = members.iter().map(|m| m.after_crash(&mut rng)).collect();
     let journal_image = journal.as_ref().map(|j| j.after_crash(&mut rng));
-    let lost = rng.chance(50).then(|| rng.below(MEMBERS as u64) as usize);
+    let away = rejoin.is_some_and(|r| r != Rejoin::Back && !matches!(r, Rejoin::Before { .. })).then_some(rejoin_role);
+    let lost = match away {
+        Some(_) => away,
+        None => rng.chance(50).then(|| rng.below(MEMBERS as u64) as usize),
+    };
     let world2 = World::new(u64::MAX, 0, seed);
     let restarted: Vec<Option<Arc<SimMember>>> = images
         .into_iter()
@@ -557,7 +625,11 @@ fn sweep(level: Level, log_kind: Log, mode: Mode) -> Vec<(u64, Option<usize>)> {
         Log::PplRetiring => " with PPL (no data checksums: retiring)",
         Log::Journal => " with a journal",
     };
-    let how = if mode == Mode::Parallel { ", writes in parallel" } else { "" };
+    let how = match mode {
+        Mode::Sequential => "",
+        Mode::Parallel => ", writes in parallel",
+        Mode::Rejoin => ", a member leaving and rebuilt",
+    };
     eprintln!(
         "{level}{log_name}{how}: {} seeds, {ops} operations, {} failing; {errors} sectors written at the crash read \
          as errors",
@@ -618,6 +690,26 @@ fn raid5_with_the_partial_parity_log_keeps_every_durable_sector() {
 fn raid5_with_the_partial_parity_log_and_writes_in_parallel_keeps_every_durable_sector() {
     let failing = sweep(Level::Raid5, Log::Ppl, Mode::Parallel);
     assert!(failing.is_empty(), "raid5 with PPL, writes in parallel: failing seeds {failing:?}");
+}
+
+/// A member fails, the array runs degraded, the member comes back (its log area holding the
+/// headers of its earlier life) and is rebuilt; the crash strikes anywhere in it. It found
+/// two bugs (2026-12-02; their seeds fail in 300 without either fix): the old headers were
+/// replayed after a crash before the member's first new one (now its area is cleared before
+/// it takes the role), and a member was taken as rebuilt while its rebuilt data could still
+/// be in its write cache (now it is flushed before the superblocks say so).
+#[test]
+fn a_member_rejoining_keeps_every_durable_sector() {
+    for (level, log) in [
+        (Level::Raid5, Log::Ppl),
+        (Level::Raid5, Log::PplRetiring),
+        (Level::Raid6, Log::Journal),
+        (Level::Raid1, Log::None),
+        (Level::Raid10, Log::None),
+    ] {
+        let failing = sweep(level, log, Mode::Rejoin);
+        assert!(failing.is_empty(), "{level} {log:?}, a member rejoining: failing seeds {failing:?}");
+    }
 }
 
 /// Without data checksums in the headers (as when they do not fit), a FLUSH or FUA write

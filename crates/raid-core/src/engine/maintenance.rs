@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use super::io::{read_device, write_device};
 use super::scrub::ScrubCounts;
 use super::slot::{Replacement, SlotState};
-use super::{Array, META_LOCK_KEY, StateChange};
+use super::{Array, Device, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -356,7 +356,10 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Records progress when enough was done since the last record: every 128 MiB or
     /// 1/16 of the member, whichever comes first (md checkpoints every 1/16).
-    async fn checkpoint(&self, change: StateChange, sectors: u64, force: bool) {
+    /// Records rebuild progress on `device` every so often (or when `force`d), after a flush
+    /// of the device: like md's superblock writes (preflush), the superblocks never claim
+    /// rebuilt data that a crash could still take from the device's write cache.
+    async fn checkpoint(&self, device: &Device<M>, change: StateChange, sectors: u64, force: bool) {
         let every = CHECKPOINT_SECTORS.min(self.geometry.member_sectors(0) / 16).max(1);
         let due = {
             let mut m = self.maintenance.lock();
@@ -368,6 +371,10 @@ impl<M: Member + ?Sized> Array<M> {
             due
         };
         if due {
+            if let Err(e) = device.member.flush().await {
+                tracing::warn!(member = device.member.name(), error = %e, "flush failed: rebuild progress not recorded");
+                return;
+            }
             let _g = self.locks.lock(META_LOCK_KEY).await;
             self.persist_locked(change).await;
         }
@@ -388,6 +395,10 @@ impl<M: Member + ?Sized> Array<M> {
         let total = self.geometry.member_sectors(role);
         let start = slot.recovery_offset_sectors();
         if start >= total {
+            if let Err(e) = device.member.flush().await {
+                self.member_failed(role, &e, "flush of the rebuilt member").await;
+                return Ok(Step::Worked { work, bytes: 0 });
+            }
             slot.set_in_sync();
             let _g = self.locks.lock(META_LOCK_KEY).await;
             self.persist_locked(StateChange::InSync { device: device.id }).await;
@@ -414,6 +425,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         slot.set_recovery_offset(next);
         self.checkpoint(
+            &device,
             StateChange::RecoveryProgress { device: device.id, sectors: next },
             next - start,
             next >= total,
@@ -430,8 +442,14 @@ impl<M: Member + ?Sized> Array<M> {
         let total = self.geometry.member_sectors(role);
         let start = replacement.done_sectors.load(Ordering::Acquire);
         if start >= total {
+            let flushed = replacement.device.member.flush().await;
             let _g = self.locks.lock(META_LOCK_KEY).await;
             slot.set_replacement(None);
+            if let Err(e) = flushed {
+                tracing::error!(role, member = replacement.device.member.name(), error = %e, "replacement failed");
+                self.persist_locked(StateChange::Faulty { device: replacement.device.id }).await;
+                return Ok(Step::Worked { work, bytes: 0 });
+            }
             let old_bad = slot.bad();
             let old = slot.take_device();
             slot.install(replacement.device.clone(), None);
@@ -445,6 +463,7 @@ impl<M: Member + ?Sized> Array<M> {
         let (next, bytes) = self.copy_role_range(role, start, max_bytes, Some(&replacement)).await?;
         replacement.done_sectors.store(next, Ordering::Release);
         self.checkpoint(
+            &replacement.device,
             StateChange::RecoveryProgress { device: replacement.device.id, sectors: next },
             next - start,
             false,
