@@ -362,7 +362,8 @@ fn rejoin_step(
 ) {
     match *state {
         Rejoin::Before { fail_at } if op >= fail_at => {
-            if block_on(array.fail_role(role)).is_ok() {
+            let failed = block_on(array.fail_role(role));
+            if failed.is_ok() {
                 *state = Rejoin::Away { back_at: op + 1 + rng.below(20) as usize };
             }
         }
