@@ -354,11 +354,10 @@ impl<M: Member + ?Sized> Array<M> {
         }
     }
 
-    /// Records progress when enough was done since the last record: every 128 MiB or
-    /// 1/16 of the member, whichever comes first (md checkpoints every 1/16).
-    /// Records rebuild progress on `device` every so often (or when `force`d), after a flush
-    /// of the device: like md's superblock writes (preflush), the superblocks never claim
-    /// rebuilt data that a crash could still take from the device's write cache.
+    /// Records rebuild progress on `device` when enough was done since the last record (every
+    /// 128 MiB or 1/16 of the member, whichever comes first; md checkpoints every 1/16) or
+    /// when `force`d. The device is flushed first: as md's superblock writes (preflush), the
+    /// superblocks never claim rebuilt data that a crash could still take from its write cache.
     async fn checkpoint(&self, device: &Device<M>, change: StateChange, sectors: u64, force: bool) {
         let every = CHECKPOINT_SECTORS.min(self.geometry.member_sectors(0) / 16).max(1);
         let due = {
