@@ -444,8 +444,11 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
         ..PPL
     });
     let world = World::new(u64::MAX, if parallel { 30 } else { 0 }, seed);
-    let rejoin_role = rng.below(MEMBERS as u64) as usize;
-    let mut rejoin = (mode == Mode::Rejoin).then(|| Rejoin::Before { fail_at: rng.below(40) as usize });
+    // Drawn only in that mode, so the other modes' seeds replay as they always did.
+    let (rejoin_role, mut rejoin) = match mode {
+        Mode::Rejoin => (rng.below(MEMBERS as u64) as usize, Some(Rejoin::Before { fail_at: rng.below(40) as usize })),
+        _ => (0, None),
+    };
     let members: Vec<Arc<SimMember>> =
         (0..MEMBERS).map(|i| Arc::new(SimMember::new(format!("m{i}"), member_bytes, world.clone()))).collect();
     let journal = (log_kind == Log::Journal)
@@ -536,7 +539,7 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
     // Recovery: the members as the crash left them; sometimes one is lost.
     let images: Vec<Vec<u8>> = members.iter().map(|m| m.after_crash(&mut rng)).collect();
     let journal_image = journal.as_ref().map(|j| j.after_crash(&mut rng));
-    let away = rejoin.is_some_and(|r| r != Rejoin::Back && !matches!(r, Rejoin::Before { .. })).then_some(rejoin_role);
+    let away = matches!(rejoin, Some(Rejoin::Away { .. } | Rejoin::Rebuilding)).then_some(rejoin_role);
     let lost = match away {
         Some(_) => away,
         None => rng.chance(50).then(|| rng.below(MEMBERS as u64) as usize),
