@@ -59,6 +59,26 @@ pub fn ppl_checksum(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
+/// [`ppl_checksum`] of `len` zero bytes (the new data of a zeroed block), without a buffer
+/// of them.
+pub fn zeros_checksum(len: usize) -> u32 {
+    static ZEROS: [u8; 4096] = [0; 4096];
+    let (mut crc, mut left) = (0, len);
+    while left > 0 {
+        let n = left.min(ZEROS.len());
+        crc = crc32c::crc32c_append(crc, &ZEROS[..n]);
+        left -= n;
+    }
+    crc
+}
+
+/// Whether an entry whose write modifies `blocks` data blocks carries data checksums: with
+/// one, a degraded replay rebuilds the lost block as its old or its new data, so it never
+/// needs them.
+pub fn carries_data_crcs(blocks: u64) -> bool {
+    blocks >= 2
+}
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
@@ -261,6 +281,7 @@ mod tests {
         assert_eq!(PplHeader::data_checksums(&h.encode()), DataChecksums::default(), "md's 0xFF: none");
         let full = DataChecksums { entries: 1, crcs: vec![7; MAX_DATA_CRCS] };
         assert_eq!(PplHeader::data_checksums(&h.encode_with(&full)), full);
+        assert_eq!(zeros_checksum(10_000), ppl_checksum(&[0; 10_000]));
     }
 
     #[test]

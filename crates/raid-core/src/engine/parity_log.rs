@@ -520,7 +520,7 @@ impl<M: Member + ?Sized> Array<M> {
             .entries
             .iter()
             .skip(data.entries)
-            .filter(|e| e.footprint.written.count_ones() >= 2)
+            .filter(|e| crate::ppl::carries_data_crcs(e.footprint.written.count_ones().into()))
             .map(|e| e.id)
             .collect();
         let len = if fresh { log.config.area_bytes as usize } else { unit_bytes };
@@ -728,10 +728,8 @@ impl<M: Member + ?Sized> Array<M> {
             let mut crcs: Option<&[u32]> = None;
             if i < data.entries {
                 crc_at = crc_at.zip(span).map(|(at, span)| {
-                    let n = match span.modified_disks(chunk) as usize {
-                        n if n >= 2 => n,
-                        _ => 0,
-                    };
+                    let blocks = span.modified_disks(chunk);
+                    let n = if crate::ppl::carries_data_crcs(blocks) { blocks as usize } else { 0 };
                     crcs = data.crcs.get(at..at + n).filter(|c| !c.is_empty());
                     at + n
                 });

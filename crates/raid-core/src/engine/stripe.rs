@@ -450,11 +450,11 @@ impl<M: Member + ?Sized> Array<M> {
     /// block order (a degraded replay tells a write that landed whole by them: `ppl.rs`
     /// `DataChecksums`). None for one block (replay never needs them then).
     fn new_data_crcs(&self, job: &Job, write: &StripeWrite, src: WriteSource<'_>) -> Vec<u32> {
-        if job.written.count_ones() < 2 {
+        if !crate::ppl::carries_data_crcs(job.written.count_ones().into()) {
             return Vec::new();
         }
         let len = (job.sectors() * SECTOR_BYTES) as usize;
-        let zeros_crc = matches!(src, WriteSource::Zeros).then(|| zeros_checksum(len));
+        let zeros_crc = matches!(src, WriteSource::Zeros).then(|| crate::ppl::zeros_checksum(len));
         (0..write.blocks.len())
             .filter(|&k| job.written & (1 << k) != 0)
             .map(|k| match src {
@@ -869,7 +869,7 @@ impl<M: Member + ?Sized> Array<M> {
     fn zero_log_requests(&self, stripe: u64, n: u64) -> Vec<LogRequest> {
         let pg = self.parity_geometry();
         let (dd, chunk) = (pg.data_disks() as u64, u64::from(pg.chunk_sectors()));
-        let zeros_crc = zeros_checksum((chunk * SECTOR_BYTES) as usize);
+        let zeros_crc = crate::ppl::zeros_checksum((chunk * SECTOR_BYTES) as usize);
         (stripe..stripe + n)
             .filter_map(|s| {
                 let p = pg.stripe(s).p_role;
@@ -884,16 +884,14 @@ impl<M: Member + ?Sized> Array<M> {
                     },
                     pp: AlignedBuf::zeroed(0),
                     footprint: Footprint { stripe: s, written: (1u64 << dd) - 1, rows: (0, chunk as u32) },
-                    data_crcs: if dd >= 2 { vec![zeros_crc; dd as usize] } else { Vec::new() },
+                    data_crcs: match crate::ppl::carries_data_crcs(dd) {
+                        true => vec![zeros_crc; dd as usize],
+                        false => Vec::new(),
+                    },
                 })
             })
             .collect()
     }
-}
-
-/// CRC-32C of `len` zero bytes (the new data of a zeroed block).
-fn zeros_checksum(len: usize) -> u32 {
-    crate::ppl::ppl_checksum(&vec![0; len])
 }
 
 /// One computed job of a journaled write: its stripe, rows and member writes.
