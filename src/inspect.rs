@@ -67,6 +67,11 @@ fn array_state_chars(sb: &Superblock) -> String {
         .collect()
 }
 
+/// Entries md's bad-block log has room for (8 bytes each).
+fn bad_block_log_entries(sb: &Superblock) -> u64 {
+    u64::from(sb.bblog_size) * SECTOR_BYTES / 8
+}
+
 fn examine_json(path: &str, sb: &Superblock, device_bytes: u64) -> Value {
     json!({
         "path": path,
@@ -92,7 +97,7 @@ fn examine_json(path: &str, sb: &Superblock, device_bytes: u64) -> Value {
         "device_role": sb.role().to_string(),
         "write_mostly": sb.devflags & raid_core::md::DEVFLAG_WRITE_MOSTLY != 0,
         "bad_block_log": (sb.bblog_offset != 0).then(|| json!({
-            "entries": u64::from(sb.bblog_size) * SECTOR_BYTES / 8,
+            "entries": bad_block_log_entries(sb),
             "offset_sectors": sb.bblog_offset,
             "bad_blocks_present": sb.feature_map.contains(FeatureMap::BAD_BLOCKS),
         })),
@@ -133,7 +138,7 @@ fn examine_text(path: &str, sb: &Superblock) -> String {
     if sb.bblog_offset != 0 {
         // mdadm's wording; the list itself: `mdadm --examine-badblocks`.
         let present = if sb.feature_map.contains(FeatureMap::BAD_BLOCKS) { " - bad blocks present." } else { "" };
-        let entries = u64::from(sb.bblog_size) * SECTOR_BYTES / 8;
+        let entries = bad_block_log_entries(sb);
         line("Bad Block Log", format!("{entries} entries available at offset {} sectors{present}", sb.bblog_offset));
     }
     line("Events", sb.events.to_string());
