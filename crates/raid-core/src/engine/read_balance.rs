@@ -26,6 +26,11 @@ const PROBE_EVERY: u64 = 128;
 /// that got fast again is back after a few probes; one slow read does not exclude a copy).
 const EWMA_SHIFT_SLOWER: u32 = 3;
 const EWMA_SHIFT_FASTER: u32 = 1;
+/// A sample counts as at most this many times the mean: one stalled read (a descheduled
+/// thread, a retransmit) moves the mean by at most 3/8 of itself, so it cannot exclude a
+/// copy for hundreds of reads; a copy that stays slow still reaches its level in a few
+/// dozen reads.
+const SAMPLE_CAP_FACTOR: u64 = 4;
 
 /// Per role: the write-mostly flag and the measured read latency.
 #[derive(Default)]
@@ -43,6 +48,7 @@ impl ReadBalance {
         // Races between readers lose a sample at worst.
         let old = self.latency_ns.load(Ordering::Relaxed);
         let shift = if sample < old { EWMA_SHIFT_FASTER } else { EWMA_SHIFT_SLOWER };
+        let sample = if old == 0 { sample } else { sample.min(old.saturating_mul(SAMPLE_CAP_FACTOR)) };
         let new = if old == 0 { sample } else { old - (old >> shift) + (sample >> shift) };
         self.latency_ns.store(new.max(1), Ordering::Relaxed);
     }
@@ -101,5 +107,24 @@ impl<M: Member + ?Sized> Array<M> {
     pub fn read_latency(&self, role: usize) -> Option<Duration> {
         let ns = self.members.slots.get(role)?.read_balance.latency_ns();
         (ns > 0).then(|| Duration::from_nanos(ns))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_stalled_read_does_not_make_a_copy_slow_but_a_slow_link_does() {
+        let b = ReadBalance::default();
+        for _ in 0..16 {
+            b.record(Duration::from_micros(20));
+        }
+        b.record(Duration::from_millis(20));
+        assert!(b.latency_ns() < 20_000 + SLOW_MARGIN_NS, "one spike: {} ns", b.latency_ns());
+        for _ in 0..40 {
+            b.record(Duration::from_millis(3));
+        }
+        assert!(b.latency_ns() > 2_000_000, "a slow link: {} ns", b.latency_ns());
     }
 }
