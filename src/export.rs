@@ -95,7 +95,8 @@ impl BlockDevice for ArrayDevice {
                     .into_iter()
                     .map(|e| {
                         let len = u32::try_from(e.len_bytes).expect("an extent is part of one request");
-                        ReadChunk::File(FileRange { file: e.file, offset: e.offset_bytes, len })
+                        let mapping = (!self.info.read_only).then(|| self.mappings.of(&e.file)).flatten();
+                        ReadChunk::File(FileRange { file: e.file, offset: e.offset_bytes, len, mapping })
                     })
                     .collect());
             }

@@ -137,6 +137,10 @@ pub struct FileRange {
     pub file: Arc<File>,
     pub offset: u64,
     pub len: u32,
+    /// A shared mapping of `file` the device holds, if any: the range is then sent from it
+    /// with `sendmsg` (one copy, by the kernel) rather than with `sendfile` or through a
+    /// buffer (`send_file.rs` says why).
+    pub mapping: Option<Arc<crate::FileMapping>>,
 }
 
 impl PartialEq for FileRange {

@@ -6,10 +6,10 @@
 //! there a syscall is a memory copy that never waits for a disk and the thread hand-off
 //! would cost more than the copy. Writes of any size run inline (1 MiB writes: 0.85-0.90x
 //! nbdkit through the pool, 0.98-1.15x inline; `bench/vs-nbdkit.sh`). Reads of 128 KiB and more
-//! of a memory-backed file are not read at all: they return a [`FileRange`] that the
-//! server sends with `sendfile` (no copy through the server; 1 MiB reads went from
-//! 0.85-0.92x nbdkit with `pread` to ahead of it); [`FileDevice::set_send_file_reads`]
-//! turns that off. Smaller reads use `pread`, whose replies the server batches. Likewise,
+//! of a memory-backed file are not read by the server: they return a [`FileRange`] with
+//! the file's mapping, which the server sends with `sendmsg` from the mapped pages (one
+//! kernel copy; read-only files, which are not mapped, with `sendfile`);
+//! [`FileDevice::set_send_file_reads`] turns that off. Smaller reads use `pread`, whose replies the server batches. Likewise,
 //! WRITEs of 128 KiB and more to a memory-backed file are received straight into a shared
 //! mapping of it ([`FileMapping`], one copy instead of two; [`FileDevice::set_receive_writes_in_place`]
 //! turns that off). The syscalls are
@@ -43,7 +43,7 @@ use crate::file_mapping::FileMappings;
 /// which the protocol allows).
 const MAX_EXTENTS: usize = 1024;
 /// Memory-backed operations that may copy up to this much run inline; larger ones go to the
-/// blocking pool (except writes and reads sent with `sendfile`, see the module docs).
+/// blocking pool (except writes and reads answered with file ranges, see the module docs).
 const INLINE_COPY_MAX_BYTES: u64 = 128 * 1024;
 /// Buffer used when zeroes must be written by hand.
 const ZERO_WRITE_BYTES: usize = 1024 * 1024;
@@ -54,7 +54,7 @@ pub struct FileDevice {
     info: DeviceInfo,
     /// Run syscalls in the calling task instead of the blocking pool.
     inline_io: bool,
-    /// Answer large reads with file ranges sent by `sendfile` (memory-backed files only).
+    /// Answer large reads with file ranges the server sends itself (memory-backed files only).
     send_file_reads: bool,
     /// Offer large writes a mapping of the file to be received into (memory-backed only).
     receive_writes_in_place: bool,
@@ -125,7 +125,7 @@ impl FileDevice {
         self.inline_io
     }
 
-    /// Answers reads of 128 KiB and more with [`ReadChunk::File`] (sent by `sendfile` when the reply
+    /// Answers reads of 128 KiB and more with [`ReadChunk::File`] (sent by the server when the reply
     /// is written) instead of `pread` (`true` by default on memory-backed files). Only
     /// sound for a file whose pages are in memory and that nobody shrinks while it is
     /// served (see [`FileRange`]).
@@ -290,7 +290,8 @@ impl BlockDevice for FileDevice {
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         if self.send_file_reads && len >= SEND_FILE_MIN_BYTES {
-            let range = FileRange { file: self.file.clone(), offset, len };
+            let mapping = self.receive_writes_in_place.then(|| self.mapping.of(&self.file)).flatten();
+            let range = FileRange { file: self.file.clone(), offset, len, mapping };
             return Box::pin(std::future::ready(Ok(vec![ReadChunk::File(range)])));
         }
         self.blocking(u64::from(len), move |file| {

@@ -33,6 +33,12 @@ unsafe impl Send for FileMapping {}
 // SAFETY: as above; `&FileMapping` only reads `base` and `len_bytes`.
 unsafe impl Sync for FileMapping {}
 
+impl std::fmt::Debug for FileMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileMapping").field("len_bytes", &self.len_bytes).finish_non_exhaustive()
+    }
+}
+
 impl FileMapping {
     /// Maps `file` (open for reading and writing) at its current length, which must not be 0.
     pub fn new(file: Arc<File>) -> io::Result<Self> {
@@ -70,7 +76,7 @@ impl FileMapping {
         self.len_bytes as u64
     }
 
-    /// `len` bytes at file offset `offset` as an iovec for the kernel to write into, if the
+    /// `len` bytes at file offset `offset` as an iovec for the kernel to read or write, if the
     /// range is mapped.
     pub(crate) fn iovec(&self, offset: u64, len: usize) -> Option<libc::iovec> {
         let start = usize::try_from(offset).ok()?;
@@ -117,7 +123,7 @@ impl FileMappings {
         let mapping = match FileMapping::new(file.clone()) {
             Ok(mapping) => Some(Arc::new(mapping)),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot map a file; writes to it are received into buffers");
+                tracing::warn!(error = %e, "cannot map a file; its large writes are received into buffers and its large reads sent without the mapping");
                 None
             }
         };

@@ -191,7 +191,12 @@ pub fn read_replies(input: &[u8]) {
                 let (file, content) = fuzz_file();
                 let offset = usize::from(spec[0]) * 257;
                 expected.extend_from_slice(&content[offset..offset + n]);
-                chunks.push(ReadChunk::File(FileRange { file: file.clone(), offset: offset as u64, len: n as u32 }));
+                chunks.push(ReadChunk::File(FileRange {
+                    file: file.clone(),
+                    offset: offset as u64,
+                    len: n as u32,
+                    mapping: None,
+                }));
             }
         }
         if expected.len() > 1 << 20 {

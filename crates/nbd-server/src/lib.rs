@@ -29,7 +29,7 @@
 //!   `admission`: slots and byte permits; `receive`: payloads, in place or whole;
 //!   `dispatch`: the device call and its reply; `reply_writer`: batched vectored writes;
 //!   `mod`: the reader loop that answers ready requests itself and spawns the rest); `send_file`: [`ReplySink`], the write
-//!   half that sends file ranges with `sendfile`; [`RequestSource`], the read half that
+//!   half that sends file ranges without a server copy; [`RequestSource`], the read half that
 //!   waits for whole WRITE payloads; `listener`: [`Server`], accept loop,
 //!   limits and shutdown.
 //! - `tls`: [`Tls`] credentials (rustls for X.509, OpenSSL for PSK) and the TLS stream.

@@ -195,7 +195,8 @@ async fn write_replies<W: ReplySink>(
             // What is queued goes out first, in the same call.
             Piece::File(range) => {
                 sent_files += slices.iter().map(|s| s.len()).sum::<usize>() + range.len as usize;
-                match use_sendfile {
+                // A mapped range goes to the socket's own path whatever the policy.
+                match use_sendfile || range.mapping.is_some() {
                     true => writer.write_then_send_file(&mut slices, range).await?,
                     false => crate::send_file::write_then_copy_file(writer, &mut slices, range).await?,
                 }
