@@ -6,11 +6,11 @@
 //!
 //! Reads of at least [`SEND_FILE_MIN_BYTES`] that the array can answer in place (members that are
 //! files in memory, a level without parity, healthy copies: `Array::read_in_place`) are
-//! handed over as file ranges, which the server sends with `sendfile`. Likewise, WRITEs of
+//! handed over as file ranges with a shared mapping of the member file (made once per member
+//! file, read-only on a read-only array), which the server sends from with `sendmsg`. Likewise, WRITEs of
 //! at least `RECEIVE_IN_PLACE_MIN_BYTES` (the server asks only for those) that the array
 //! can take in place (members that are files in memory, linear or raid0:
-//! `Array::write_in_place`) are received by the server straight into shared mappings of the
-//! member files, made once per member file.
+//! `Array::write_in_place`) are received by the server straight into those mappings.
 //!
 //! The device serves one [`Volume`]: the array itself, or with `serve --cache writeback`
 //! the array's one shared write cache (one per array, so a FLUSH on any connection covers
@@ -95,7 +95,7 @@ impl BlockDevice for ArrayDevice {
                     .into_iter()
                     .map(|e| {
                         let len = u32::try_from(e.len_bytes).expect("an extent is part of one request");
-                        let mapping = (!self.info.read_only).then(|| self.mappings.of(&e.file)).flatten();
+                        let mapping = self.mappings.of(&e.file);
                         ReadChunk::File(FileRange { file: e.file, offset: e.offset_bytes, len, mapping })
                     })
                     .collect());

@@ -392,9 +392,14 @@ fn raid5_metrics_follow_client_io_member_failure_and_rebuild() {
 
 /// Runs qemu-io commands (`write -P`, `read -P`: the read fails on any wrong byte).
 fn qemu_io(uri: &str, commands: &[&str]) {
+    qemu_io_opened(&[], uri, commands);
+}
+
+/// As [`qemu_io`], the image opened with `options` (e.g. `-r`: read-only).
+fn qemu_io_opened(options: &[&str], uri: &str, commands: &[&str]) {
     require_tool("qemu-io", "qemu-utils");
     let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw"]);
+    cmd.args(["-f", "raw"]).args(options);
     for c in commands {
         cmd.args(["-c", c]);
     }
@@ -402,8 +407,9 @@ fn qemu_io(uri: &str, commands: &[&str]) {
 }
 
 /// A RAID1 whose members are files in /dev/shm answers large reads straight from the member
-/// files (sendfile): the bytes are right, the in-place counter shows it, and a failed
-/// member, a member being rebuilt and the write-back cache never let stale bytes through.
+/// files (sent from their mappings), writable or read-only: the bytes are right, the
+/// in-place counter shows it, and a failed member, a member being rebuilt and the
+/// write-back cache never let stale bytes through.
 #[test]
 fn raid1_in_memory_sends_reads_from_member_files_and_never_stale_ones() {
     let dir = shm_tempdir();
@@ -447,6 +453,13 @@ fn raid1_in_memory_sends_reads_from_member_files_and_never_stale_ones() {
     qemu_io(&served.uri("a"), &["write -P 0x33 0 16M", "read -P 0x33 0 16M"]);
     assert_eq!(in_place(), before, "no in-place reads behind the cache");
     served.stop();
+
+    // Read-only, the member files are mapped read-only and reads still go out in place.
+    let served = Served::start(d, "a", &[&extra[..], &["--read-only"]].concat(), &["m1", "spare"]);
+    qemu_io_opened(&["-r"], &served.uri("a"), &["read -P 0x33 0 16M"]);
+    assert_eq!(in_place(), (16 << 20) as f64, "read in place from a read-only export");
+    let log = served.stop();
+    assert!(!log.contains("cannot map a file"), "the read-only member files were mapped:\n{log}");
 }
 
 /// A RAID0 whose members are files in /dev/shm receives large writes straight into the

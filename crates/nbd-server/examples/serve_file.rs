@@ -39,9 +39,12 @@ struct Args {
     /// Tokio worker threads (default: number of CPUs).
     #[arg(long)]
     threads: Option<usize>,
-    /// Read large requests with `pread` even from tmpfs (default there: `sendfile`).
+    /// Read large requests with `pread` even from tmpfs (default there: sent from a mapping).
     #[arg(long)]
     no_send_file: bool,
+    /// Send large reads from tmpfs with `sendfile` rather than from a mapping of the file.
+    #[arg(long)]
+    no_send_from_mapping: bool,
     /// Receive large writes into buffers even on tmpfs (default there: into a mapping).
     #[arg(long)]
     no_receive_in_place: bool,
@@ -67,6 +70,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 FileDevice::open(path, args.read_only).with_context(|| format!("opening {}", path.display()))?;
             if args.no_send_file {
                 file.set_send_file_reads(false);
+            }
+            if args.no_send_from_mapping {
+                file.set_send_reads_from_mapping(false);
             }
             if args.no_receive_in_place {
                 file.set_receive_writes_in_place(false);

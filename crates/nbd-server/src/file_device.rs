@@ -8,7 +8,7 @@
 //! nbdkit through the pool, 0.98-1.15x inline; `bench/vs-nbdkit.sh`). Reads of 128 KiB and more
 //! of a memory-backed file are not read by the server: they return a [`FileRange`] with
 //! the file's mapping, which the server sends with `sendmsg` from the mapped pages (one
-//! kernel copy; read-only files, which are not mapped, with `sendfile`);
+//! kernel copy; [`FileDevice::set_send_reads_from_mapping`] turns that to `sendfile`);
 //! [`FileDevice::set_send_file_reads`] turns that off. Smaller reads use `pread`, whose replies the server batches. Likewise,
 //! WRITEs of 128 KiB and more to a memory-backed file are received straight into a shared
 //! mapping of it ([`FileMapping`], one copy instead of two; [`FileDevice::set_receive_writes_in_place`]
@@ -58,7 +58,9 @@ pub struct FileDevice {
     send_file_reads: bool,
     /// Offer large writes a mapping of the file to be received into (memory-backed only).
     receive_writes_in_place: bool,
-    /// That mapping, made at the first such write.
+    /// Hand the file ranges of large reads the file's mapping, to be sent from it.
+    send_reads_from_mapping: bool,
+    /// That mapping (writable unless the file is open read-only), made at first use.
     mapping: FileMappings,
 }
 
@@ -110,6 +112,7 @@ impl FileDevice {
             inline_io,
             send_file_reads: inline_io,
             receive_writes_in_place: inline_io && !read_only,
+            send_reads_from_mapping: inline_io,
             mapping: FileMappings::default(),
         })
     }
@@ -149,6 +152,18 @@ impl FileDevice {
     /// Whether large writes are received into a mapping of the file.
     pub fn receive_writes_in_place(&self) -> bool {
         self.receive_writes_in_place
+    }
+
+    /// Hands the file ranges of large reads a shared mapping of the file (`true` by default
+    /// on memory-backed files, read-only ones included), so the server sends them with
+    /// `sendmsg` from it; `false`: the server sends them with `sendfile` or a buffer.
+    pub fn set_send_reads_from_mapping(&mut self, enabled: bool) {
+        self.send_reads_from_mapping = enabled;
+    }
+
+    /// Whether file ranges of large reads carry the file's mapping.
+    pub fn send_reads_from_mapping(&self) -> bool {
+        self.send_reads_from_mapping
     }
 
     /// Runs a blocking operation that may copy `copy_bytes`: inline when the file is
@@ -290,7 +305,7 @@ impl BlockDevice for FileDevice {
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
         if self.send_file_reads && len >= SEND_FILE_MIN_BYTES {
-            let mapping = self.receive_writes_in_place.then(|| self.mapping.of(&self.file)).flatten();
+            let mapping = self.send_reads_from_mapping.then(|| self.mapping.of(&self.file)).flatten();
             let range = FileRange { file: self.file.clone(), offset, len, mapping };
             return Box::pin(std::future::ready(Ok(vec![ReadChunk::File(range)])));
         }

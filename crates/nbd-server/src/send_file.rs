@@ -202,7 +202,7 @@ async fn send_mapped<S: ReadySocket>(socket: &S, mapping: &FileMapping, range: &
     let len = range.len as usize;
     let mut sent = 0usize;
     while sent < len {
-        let Some(iov) = mapping.iovec(range.offset + sent as u64, len - sent) else { break };
+        let Some(iov) = mapping.send_iovec(range.offset + sent as u64, len - sent) else { break };
         // The address as an integer, so the future stays `Send`.
         let (base, iov_len) = (iov.iov_base as usize, iov.iov_len);
         let result = when_writable(socket, |fd| {
@@ -211,7 +211,7 @@ async fn send_mapped<S: ReadySocket>(socket: &S, mapping: &FileMapping, range: &
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = &mut iov;
             msg.msg_iovlen = 1;
-            // SAFETY: the iovec lies inside the live mapping (`FileMapping::iovec` checked the
+            // SAFETY: the iovec lies inside the live mapping (`FileMapping::send_iovec` checked the
             // bounds, and `mapping` is borrowed for the call); the kernel only reads it, and
             // reports a page it cannot read as EFAULT.
             cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) })
@@ -273,12 +273,17 @@ mod tests {
         let file = file_with(&data);
         // Larger than any socket buffer, so the sends must wait for writability.
         let unmapped = FileRange { file: file.clone(), offset: 4097, len: (3 << 20) - 5000, mapping: None };
-        let mapped = FileRange { mapping: Some(Arc::new(FileMapping::new(file).unwrap())), ..unmapped.clone() };
+        let mapped = FileRange { mapping: Some(Arc::new(FileMapping::new(file.clone()).unwrap())), ..unmapped.clone() };
+        // The same file open read-only: mapped read-only, sent the same way.
+        let read_only_file = Arc::new(std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap());
+        let read_only_mapping = FileMapping::new(read_only_file.clone()).unwrap();
+        assert!(read_only_mapping.receive_iovec(0, 4096).is_none(), "a read-only mapping offers no receive");
+        let read_only =
+            FileRange { file: read_only_file, mapping: Some(Arc::new(read_only_mapping)), ..unmapped.clone() };
         let mut expected = b"header".to_vec();
         expected.extend_from_slice(&data[4097..4097 + unmapped.len as usize]);
 
-        for range in [&unmapped, &mapped] {
-            let how = if range.mapping.is_some() { "mapped" } else { "sendfile" };
+        for (range, how) in [(&unmapped, "sendfile"), (&mapped, "mapped"), (&read_only, "mapped read-only")] {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let (server, _) = listener.accept().await.unwrap();

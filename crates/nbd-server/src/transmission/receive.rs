@@ -39,7 +39,7 @@ pub(super) async fn write_targets(t: &Transmission, offset: u64, len: u32) -> Op
         }
     };
     let covered: u64 = targets.iter().map(|t| u64::from(t.len)).sum();
-    let inside = targets.iter().all(|t| t.mapping.iovec(t.offset, t.len as usize).is_some());
+    let inside = targets.iter().all(|t| t.mapping.receive_iovec(t.offset, t.len as usize).is_some());
     if covered != u64::from(len) || !inside {
         debug!(covered, inside, "write targets do not fit the request; the write goes the normal way");
         return None;
@@ -70,7 +70,8 @@ pub(super) async fn receive_in_place<R: RequestSource>(
         return Ok(Err(e));
     }
     let rest = target_pieces(targets, buffered.len(), len - buffered.len());
-    let iovecs = rest.map(|(target, at, n)| target.mapping.iovec(at, n).expect("targets lie inside their mappings"));
+    let iovecs =
+        rest.map(|(target, at, n)| target.mapping.receive_iovec(at, n).expect("targets lie inside their mappings"));
     let mut iovecs = IoVecs(iovecs.collect());
     let mut done = buffered.len();
     let mut first = 0;
