@@ -235,7 +235,7 @@ impl Collector for ScrapeCollector {
         family(
             enc,
             "export_read_in_place_bytes",
-            "Bytes of export_read_bytes answered from member files in memory, not read into buffers (TCP and Unix sockets send them with sendfile).",
+            "Bytes of export_read_bytes answered from member files in memory, not read into buffers (TCP and Unix sockets send them from the files' pages).",
             MetricType::Counter,
             exports.iter().map(|e| (export_label(&e.name), counter(e.requests.read_in_place_bytes()))),
         )?;

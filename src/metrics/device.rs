@@ -4,7 +4,7 @@
 //! It sits between the NBD server and the export's device, so it measures what clients
 //! see, after the server's own checks. Every trait method is forwarded, including the ones
 //! with default bodies (`cache`, `block_status`), so wrapping changes no behaviour.
-//! READ bytes answered as file ranges (sent with `sendfile`) are counted apart as well.
+//! READ bytes answered as file ranges (sent from the files' pages) are counted apart as well.
 //! The cost per request: two clock reads, a few relaxed atomic adds, and one boxed future
 //! (the trait returns boxed futures, so the wrapper cannot reuse the inner one's box).
 
@@ -60,7 +60,7 @@ impl Command {
 pub struct ExportStats {
     ops: [OpStats; Command::ALL.len()],
     in_flight: AtomicI64,
-    /// READ bytes answered as file ranges (sent from member files with `sendfile`).
+    /// READ bytes answered as file ranges (sent from the member files' pages).
     read_in_place_bytes: AtomicU64,
     /// WRITE bytes received straight into member files.
     write_in_place_bytes: AtomicU64,

@@ -98,8 +98,9 @@ pub enum ReadChunk {
     Data(Bytes),
     /// `n` bytes that read as zero (may be sent as an NBD hole).
     Zero(u32),
-    /// Bytes of a file, sent by the kernel from the page cache to the socket (`sendfile`)
-    /// when the reply is written, without a copy through the server.
+    /// Bytes of a file, sent by the kernel from the page cache to the socket (from the
+    /// range's mapping, else `sendfile`) when the reply is written, without a copy through
+    /// the server.
     File(FileRange),
 }
 
@@ -143,6 +144,7 @@ pub struct FileRange {
     pub mapping: Option<Arc<crate::FileMapping>>,
 }
 
+/// The same bytes of the same file; the mapping is how they are sent, not what they are.
 impl PartialEq for FileRange {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.file, &other.file) && self.offset == other.offset && self.len == other.len

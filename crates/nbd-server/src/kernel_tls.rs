@@ -1,6 +1,6 @@
 //! Kernel TLS (kTLS): after the rustls handshake the session keys go to the kernel, which
 //! then encrypts and decrypts on the socket itself, so the connection goes on as a plain
-//! TCP stream: replies sent with `sendfile`, WRITE payloads received into file mappings,
+//! TCP stream: file ranges sent without a copy through the server, WRITE payloads received into file mappings,
 //! exactly as without TLS (the `ktls` crate does the hand-over).
 //!
 //! Probe with a logged fallback: once per process, a connected loopback TCP socket must
@@ -37,7 +37,7 @@ fn probed() -> Option<Ciphers> {
             info!(
                 aes_128_gcm = c.aes_128_gcm,
                 aes_256_gcm = c.aes_256_gcm,
-                "kernel TLS available: TLS sessions keep sendfile and in-place receive"
+                "kernel TLS available: TLS sessions keep copy-free send and in-place receive"
             );
             Some(c)
         }

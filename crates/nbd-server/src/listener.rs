@@ -16,9 +16,9 @@
 //!
 //! The stream type is generic ([`NbdStream`]); TCP and Unix sockets are provided
 //! ([`NbdListener`]). After STARTTLS the connection continues on TCP with the session in the
-//! kernel (kernel TLS: `sendfile` and in-place receive as before), or on a user-space TLS
+//! kernel (kernel TLS: copy-free send and in-place receive as before), or on a user-space TLS
 //! stream split with `tokio::io::split` (`TcpTls` on TCP, which keeps the payload wake
-//! threshold; [`GenericStream`] otherwise), whose replies are copied, not sent with `sendfile`.
+//! threshold; [`GenericStream`] otherwise), whose replies are copied, file ranges included.
 
 use std::future::Future;
 use std::io;

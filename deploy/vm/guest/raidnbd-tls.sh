@@ -11,8 +11,8 @@
 #     from another CA is refused;
 #  4. the guest kernel has the tls module (modprobe tls), so raidnbd hands the sessions to
 #     kernel TLS (logged): a RAID0 of two tmpfs files over TLS takes the kernel client's
-#     whole-device O_DIRECT overwrite into the member files in place and answers a digest with
-#     sendfile (the export's in-place byte counters grow, fetched from --metrics); digests right,
+#     whole-device O_DIRECT overwrite into the member files in place and answers a digest from
+#     the member files (the export's in-place byte counters grow, fetched from --metrics); digests right,
 #     also after a new server.
 # rig-status: enabled
 # rig-needs: raidnbd

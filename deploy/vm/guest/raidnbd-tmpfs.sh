@@ -1,8 +1,8 @@
 #!/bin/sh
-# Members that are files in memory: the kernel NBD client and ext4 over reads sent with sendfile
+# Members that are files in memory: the kernel NBD client and ext4 over reads sent from the member files
 # and writes received straight into the member files.
 # raidnbd serves a RAID1 of two 32 MiB files on a guest tmpfs; reads of 128 KiB and more are answered
-# from the member files in place (their pages go to the socket with sendfile), which the
+# from the member files in place (their pages go to the socket from the files' mappings), which the
 # export's metrics count (busybox wget of --metrics):
 #  1. create, serve, nbd-client -C 2; mkfs.ext4, files, fsck clean; a whole-device digest with
 #     1 MiB O_DIRECT reads: the in-place counter grew by at least the device size;

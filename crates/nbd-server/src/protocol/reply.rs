@@ -56,7 +56,7 @@ pub enum Segment {
     Data(Bytes),
     /// This many zero bytes.
     Zeroes(usize),
-    /// Bytes of a file, sent with `sendfile` (see `crate::send_file`).
+    /// Bytes of a file, sent from its mapping or with `sendfile` (see `crate::send_file`).
     File(FileRange),
 }
 

@@ -24,8 +24,8 @@
 //! (`BlockDevice::write_targets`) it is received straight into them, after which there is
 //! nothing left to copy and the reader answers it itself. All of them write whole batches
 //! under the same mutex, so replies never interleave on the wire; their order is completion
-//! order. READ data that the device returned as a file range goes out with `sendfile` in
-//! the middle of a batch (`send_file.rs`).
+//! order. READ data that the device returned as a file range goes out from the file's mapping
+//! or with `sendfile` in the middle of a batch (`send_file.rs`).
 //!
 //! Bounds: a request first takes a per-connection slot (at most
 //! `max_requests_per_connection` in flight; when none is free the socket is not read, so
@@ -41,7 +41,7 @@
 //! Files, one concept each: `connection.rs` (the framing of one connection: headers,
 //! payloads, the in-place path via `receive.rs`), `admission.rs` (request slots and byte
 //! permits, interruptible waits), `dispatch.rs` (a request against the device, and its reply),
-//! `reply_writer.rs` (batched vectored writes of replies, sendfile), and this file (the
+//! `reply_writer.rs` (batched vectored writes of replies, file ranges), and this file (the
 //! reader loop that schedules them).
 
 mod admission;

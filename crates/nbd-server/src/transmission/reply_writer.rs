@@ -1,7 +1,7 @@
 //! The reply writer: replies ready for the socket (`Outgoing`, holding the permits they free
 //! once written), the reader's own batch (`LocalReplies`), and batched vectored writes under
 //! the one mutex of the write half (`write_loop`, `write_batch`: headers and small data
-//! copied together, large data as slices, file ranges with sendfile), so replies never
+//! copied together, large data as slices, file ranges by `send_file.rs`), so replies never
 //! interleave on the wire.
 
 use std::io::IoSlice;
@@ -37,7 +37,7 @@ pub(super) struct SocketWriter<W> {
     /// A batch the client does not take within this long ends the connection
     /// (`ServerConfig::stall_timeout`): its permits go back to the others.
     pub(super) stall_timeout: Duration,
-    /// Whether file ranges go out with `sendfile` now (else through a buffer).
+    /// Whether file ranges without a mapping go out with `sendfile` now (else through a buffer).
     pub(super) send_file: crate::send_file::SendFilePolicy,
 }
 
@@ -71,7 +71,6 @@ impl LocalReplies {
     }
 }
 
-/// Runs transmission until the connection ends.
 /// Most replies written in one vectored write.
 const MAX_BATCH_REPLIES: usize = 128;
 /// Stop adding replies to a batch past this many bytes.

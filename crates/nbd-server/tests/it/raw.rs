@@ -1046,10 +1046,10 @@ async fn file_ranges_are_sent_whole_or_the_connection_closes() {
     let data = pattern(11, 4 * MIB);
     std::fs::write(shm.path(), &data).unwrap();
     let device = nbd_server::FileDevice::open(shm.path(), false).unwrap();
-    assert!(device.send_file_reads(), "tmpfs reads of 128 KiB and more go out with sendfile");
+    assert!(device.send_file_reads(), "tmpfs reads of 128 KiB and more go out as file ranges");
     let server = ServerHandle::start(vec![Export::new("shm", Arc::new(device))], ServerConfig::default()).await;
 
-    // Pipelined large (sendfile) and small (pread) reads, both framings: every reply whole.
+    // Pipelined large (file range) and small (pread) reads, both framings: every reply whole.
     for structured in [false, true] {
         let mut c = Raw::connect(&server).await;
         c.go("shm", structured, None).await;

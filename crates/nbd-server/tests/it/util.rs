@@ -28,7 +28,7 @@ pub struct StandardDevices {
 /// `mem` 64 MiB (first, so the default export), `ro` 1 MiB read-only with pattern 9,
 /// `bad` 1 MiB with injected errors, `aligned` 1 MiB with 4 KiB minimum block, a stripe
 /// of 3 x 64 KiB as preferred block and a 64 KiB device payload limit, `file` 16 MiB file
-/// (reads of 128 KiB and more sent with `sendfile`).
+/// (reads of 128 KiB and more sent as file ranges).
 pub async fn standard_exports(dir: &Path) -> (Vec<Export>, StandardDevices) {
     let mem = Arc::new(MemoryDevice::new(64 << 20));
     let ro = Arc::new(MemoryDevice::new(1 << 20).read_only(true));
@@ -45,8 +45,8 @@ pub async fn standard_exports(dir: &Path) -> (Vec<Export>, StandardDevices) {
     // Large reads go out with sendfile whatever filesystem the temporary directory is on.
     file.set_send_file_reads(true);
     let file = Arc::new(file);
-    // A file on tmpfs: large reads go out with sendfile, large writes are received into a
-    // mapping of it. (Unlinked at once; the open file keeps it.)
+    // A file on tmpfs: large reads go out from a mapping of it, large writes are received
+    // into it. (Unlinked at once; the open file keeps it.)
     let shm_file = tempfile::NamedTempFile::new_in("/dev/shm").expect("a file on /dev/shm (tmpfs)");
     shm_file.as_file().set_len(16 << 20).expect("size the shm file");
     let shm = FileDevice::open(shm_file.path(), false).expect("open the shm file");
