@@ -9,7 +9,7 @@
 //! of a memory-backed file are not read by the server: they return a [`FileRange`] with
 //! the file's mapping, which the server sends with `sendmsg` from the mapped pages (one
 //! kernel copy; [`FileDevice::set_send_reads_from_mapping`] turns that to `sendfile`);
-//! [`FileDevice::set_send_file_reads`] turns that off. Smaller reads use `pread`, whose replies the server batches. Likewise,
+//! [`FileDevice::set_send_file_reads`] turns file ranges off. Smaller reads use `pread`, whose replies the server batches. Likewise,
 //! WRITEs of 128 KiB and more to a memory-backed file are received straight into a shared
 //! mapping of it ([`FileMapping`], one copy instead of two; [`FileDevice::set_receive_writes_in_place`]
 //! turns that off). The syscalls are

@@ -37,7 +37,7 @@ pub struct FileMapping {
 // references into it, it only hands addresses to the kernel, so sharing it across threads
 // cannot create a data race in Rust's sense.
 unsafe impl Send for FileMapping {}
-// SAFETY: as above; `&FileMapping` only reads `base` and `len_bytes`.
+// SAFETY: as above; `&FileMapping` only reads its immutable fields.
 unsafe impl Sync for FileMapping {}
 
 impl std::fmt::Debug for FileMapping {
@@ -119,7 +119,7 @@ impl Drop for FileMapping {
 ///
 /// Files are told apart by their `Arc`: the caller must hand the same `Arc<File>` for a
 /// file each time (an entry holds it, so its address cannot be reused for another file).
-/// Memory accounting: pages written through a mapping stay mapped, so they count in the
+/// Memory accounting: pages sent from or written through a mapping stay mapped, so they count in the
 /// process's resident size (as shared memory) though they belong to the files.
 #[derive(Default)]
 pub struct FileMappings {
