@@ -6,7 +6,8 @@
 # 1. installs the Debian packages the tests need (deploy/install-deps.sh: as root, or through
 #    sudo) and checks that every tool they run is there;
 # 2. builds and runs every test of the workspace (unit, property, real NBD clients,
-#    end-to-end) in the `ci` profile (optimised, debug assertions on);
+#    end-to-end) in the `ci` profile (optimised, debug assertions on), and checks that the
+#    API docs build without warnings;
 # 3. runs the kernel VM rig: Debian's kernel under qemu with nbd.ko, md, ext4 and mdadm.
 #
 # CI (.ci/run) calls exactly this. Set SKIP_VM=1 to leave out step 3 while iterating.
@@ -24,6 +25,9 @@ deploy/tests/install-deps-test.sh
 echo "== cargo test --profile ci (whole workspace)"
 cargo test --profile ci --workspace --locked -- --test-threads=2
 echo "== tests took $(( $(date +%s) - start ))s"
+
+echo "== cargo doc (a broken or private intra-doc link fails)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked --quiet
 
 if [ "${SKIP_VM:-0}" != 1 ]; then
   echo "== kernel VM rig"

@@ -11,7 +11,7 @@
 //! kernel copy; [`FileDevice::set_send_reads_from_mapping`] turns that to `sendfile`);
 //! [`FileDevice::set_send_file_reads`] turns file ranges off. Smaller reads use `pread`, whose replies the server batches. Likewise,
 //! WRITEs of 128 KiB and more to a memory-backed file are received straight into a shared
-//! mapping of it ([`FileMapping`], one copy instead of two; [`FileDevice::set_receive_writes_in_place`]
+//! mapping of it ([`FileMapping`](crate::FileMapping), one copy instead of two; [`FileDevice::set_receive_writes_in_place`]
 //! turns that off). The syscalls are
 //! `pread`/`pwrite` (offset-explicit, so concurrent requests never share a file position),
 //! `fdatasync` for FLUSH and FUA, `fallocate` for TRIM (`PUNCH_HOLE`) and WRITE_ZEROES

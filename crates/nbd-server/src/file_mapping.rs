@@ -8,7 +8,7 @@
 //! kernel copy, and cheaper than `sendfile` on some machines (send_file.rs).
 //!
 //! A file open for writing is mapped writable; one open only for reading is mapped read-only
-//! and offers only [`FileMapping::send_iovec`].
+//! and is only sent from (`FileMapping::send_iovec`).
 //!
 //! Safety model: the mapping's memory is only ever handed to the kernel (`recvmsg` and
 //! `sendmsg` iovecs), never read or written through Rust references, so other writers of

@@ -3,7 +3,7 @@
 //!
 //! Simple replies send the header only once all data is in hand, so a device failure is
 //! always an error reply, never a broken stream. Structured replies merge neighbouring data
-//! pieces into one `OFFSET_DATA` chunk and send zero runs of at least [`MIN_HOLE_BYTES`] as
+//! pieces into one `OFFSET_DATA` chunk and send zero runs of at least `MIN_HOLE_BYTES` as
 //! `OFFSET_HOLE`; with DF everything is one `OFFSET_DATA` chunk (holes as explicit zeroes,
 //! which the spec requires). The last chunk carries DONE. Errors go in one place: the
 //! device error kind is mapped by [`device_errno`], and its offset is reported

@@ -22,13 +22,13 @@
 //!   writer that does not fit writes back the oldest data itself first (backpressure); a
 //!   single write larger than the whole capacity goes straight to the array. On top of
 //!   that, each write-back in flight allocates one gather buffer for runs of several
-//!   extents (at most [`MAX_IO_BYTES`] per run).
+//!   extents (at most [`MAX_IO_BYTES`](crate::engine::MAX_IO_BYTES) per run).
 //! - Errors: data that fails to write back stays cached (reads still see it) and is retried
 //!   later; from then on every `flush` returns an error, like the page cache's EIO on
 //!   fsync: the cache can no longer promise that acknowledged data reached the members.
 //!
 //! Ordering, the subtle part. Each cached write gets a generation number. Member writes of
-//! the same bytes are serialised by [`RangeLocks`]: a write-back run or a direct operation
+//! the same bytes are serialised by `RangeLocks`: a write-back run or a direct operation
 //! holds its byte range while its array I/O is in flight, and write-back skips locked
 //! ranges. A finished write-back marks clean only the bytes whose generation is still the
 //! one it wrote, so a newer write that arrived meanwhile stays dirty and is written later
