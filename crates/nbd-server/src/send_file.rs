@@ -175,6 +175,9 @@ async fn send_file<S: ReadySocket>(socket: &S, prefix: &mut [IoSlice<'_>], range
         }
         IoSlice::advance_slices(&mut prefix, n);
     }
+    // The header bytes go first on their own: one `sendmsg` of header and mapped pages
+    // together measured 0.75-0.95x as fast (1 MiB reads, 2026-12-02; the data then no
+    // longer page-aligned in the socket buffers, likely why).
     let sent = match &range.mapping {
         Some(mapping) => send_mapped(socket, mapping, range).await?,
         None => 0,

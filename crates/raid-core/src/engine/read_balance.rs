@@ -47,9 +47,13 @@ impl ReadBalance {
         let sample = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX).max(1);
         // Races between readers lose a sample at worst.
         let old = self.latency_ns.load(Ordering::Relaxed);
-        let shift = if sample < old { EWMA_SHIFT_FASTER } else { EWMA_SHIFT_SLOWER };
-        let sample = if old == 0 { sample } else { sample.min(old.saturating_mul(SAMPLE_CAP_FACTOR)) };
-        let new = if old == 0 { sample } else { old - (old >> shift) + (sample >> shift) };
+        let new = if old == 0 {
+            sample
+        } else {
+            let sample = sample.min(old.saturating_mul(SAMPLE_CAP_FACTOR));
+            let shift = if sample < old { EWMA_SHIFT_FASTER } else { EWMA_SHIFT_SLOWER };
+            old - (old >> shift) + (sample >> shift)
+        };
         self.latency_ns.store(new.max(1), Ordering::Relaxed);
     }
 
