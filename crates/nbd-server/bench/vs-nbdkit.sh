@@ -2,7 +2,8 @@
 # Benchmark: nbd-server (examples/serve_file.rs, a FileDevice) against nbdkit's file
 # plugin, both serving the same file on /dev/shm, driven by fio --ioengine=nbd over
 # loopback TCP. The two servers are measured alternately, workload by workload, for
-# ROUNDS rounds; the report gives the median of each and the ratio ours/nbdkit.
+# ROUNDS rounds; the report gives the median of each and the ratio ours/nbdkit, with the
+# server's CPU per operation and fio's own CPU (about 100 % per job: the client is the limit).
 #
 # Usage: crates/nbd-server/bench/vs-nbdkit.sh            (defaults below)
 #        ROUNDS=5 RUNTIME=10 SIZE=1G crates/nbd-server/bench/vs-nbdkit.sh
@@ -125,7 +126,7 @@ uri_of() { # server -> the URI fio uses
     esac
 }
 
-run_fio() { # uri workload-args... ; prints "iops bw_bytes_per_s"
+run_fio() { # uri workload-args... ; prints "iops bw_bytes_per_s fio_cpu_percent"
     local uri=$1
     shift
     fio --name=bench --ioengine=nbd --uri="$uri" --size="$FIO_SIZE" \
@@ -136,7 +137,8 @@ import json, sys
 text = sys.stdin.read()  # fio prints "fio: connected to NBD server" before the JSON
 job = json.loads(text[text.index("{"):])["jobs"][0]
 side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
-print(side["iops"], side["bw_bytes"])'
+# The client CPU (usr + sys, % of one CPU, numjobs summed): near 100 per job, the client is the limit.
+print(side["iops"], side["bw_bytes"], job["usr_cpu"] + job["sys_cpu"])'
 }
 
 RESULTS=$WORK/results.txt
@@ -168,7 +170,7 @@ rows = [line.split() for line in open(sys.argv[1])]
 names = list(dict.fromkeys(r[1] for r in rows))
 servers = list(dict.fromkeys(r[2] for r in rows))
 runtime = float(sys.argv[2]) + 1  # fio ramp time is 1 s
-print(f"{'workload':<20} {'server':<11} {'IOPS':>9} {'MB/s':>7} {'CPU us/op':>10}")
+print(f"{'workload':<20} {'server':<11} {'IOPS':>9} {'MB/s':>7} {'CPU us/op':>10} {'fio CPU %':>10}")
 ratios = []
 for name in names:
     med = {}
@@ -177,9 +179,10 @@ for name in names:
         iops = statistics.median(float(r[3]) for r in sel)
         bw = statistics.median(float(r[4]) for r in sel)
         # CPU per operation: server CPU seconds over the operations of the whole run.
-        cpu = statistics.median(float(r[5]) / (float(r[3]) * runtime) * 1e6 for r in sel)
+        cpu = statistics.median(float(r[6]) / (float(r[3]) * runtime) * 1e6 for r in sel)
+        client_cpu = statistics.median(float(r[5]) for r in sel)
         med[server] = (iops, bw, cpu)
-        print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f}")
+        print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f} {client_cpu:>10.0f}")
     pairs = [("ours", "nbdkit")]
     if "null" in med:
         pairs.append(("ours", "null"))
