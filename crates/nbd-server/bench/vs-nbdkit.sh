@@ -3,7 +3,7 @@
 # plugin, both serving the same file on /dev/shm, driven by fio --ioengine=nbd over
 # loopback TCP. The two servers are measured alternately, workload by workload, for
 # ROUNDS rounds; the report gives the median of each and the ratio ours/nbdkit, with the
-# server's CPU per operation and fio's own CPU (about 100 % per job: the client is the limit).
+# server's CPU per operation and fio's own CPU per job (near 100 %: the client is the limit).
 #
 # Usage: crates/nbd-server/bench/vs-nbdkit.sh            (defaults below)
 #        ROUNDS=5 RUNTIME=10 SIZE=1G crates/nbd-server/bench/vs-nbdkit.sh
@@ -137,7 +137,8 @@ import json, sys
 text = sys.stdin.read()  # fio prints "fio: connected to NBD server" before the JSON
 job = json.loads(text[text.index("{"):])["jobs"][0]
 side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
-# The client CPU (usr + sys, % of one CPU, numjobs summed): near 100 per job, the client is the limit.
+# The client CPU (usr + sys, % of one CPU; with group_reporting fio gives the mean per job):
+# near 100, the client is the limit.
 print(side["iops"], side["bw_bytes"], job["usr_cpu"] + job["sys_cpu"])'
 }
 
@@ -170,7 +171,7 @@ rows = [line.split() for line in open(sys.argv[1])]
 names = list(dict.fromkeys(r[1] for r in rows))
 servers = list(dict.fromkeys(r[2] for r in rows))
 runtime = float(sys.argv[2]) + 1  # fio ramp time is 1 s
-print(f"{'workload':<20} {'server':<11} {'IOPS':>9} {'MB/s':>7} {'CPU us/op':>10} {'fio CPU %':>10}")
+print(f"{'workload':<20} {'server':<11} {'IOPS':>9} {'MB/s':>7} {'CPU us/op':>10} {'fio CPU %/job':>14}")
 ratios = []
 for name in names:
     med = {}
@@ -182,7 +183,7 @@ for name in names:
         cpu = statistics.median(float(r[6]) / (float(r[3]) * runtime) * 1e6 for r in sel)
         client_cpu = statistics.median(float(r[5]) for r in sel)
         med[server] = (iops, bw, cpu)
-        print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f} {client_cpu:>10.0f}")
+        print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f} {client_cpu:>14.0f}")
     pairs = [("ours", "nbdkit")]
     if "null" in med:
         pairs.append(("ours", "null"))
