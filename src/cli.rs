@@ -126,9 +126,10 @@ pub enum CtlCommand {
     Idle,
     /// Block until rebuild, resync, replace and check have ended (like mdadm --wait).
     Wait {
-        /// Give up after this many seconds (exit 1) [default: wait forever].
-        #[arg(long, value_name = "SECONDS")]
-        timeout: Option<u64>,
+        /// Give up after this long (`90s`, `5m`; a plain number is seconds), exit 1
+        /// [default: wait forever].
+        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
+        timeout: Option<std::time::Duration>,
     },
     /// Rebuild/check speed limits in bytes/s (e.g. 1M 200M).
     RebuildSpeed {
@@ -286,6 +287,10 @@ pub struct ServeArgs {
     /// Control socket for `raidnbd ctl` (default: /run/raidnbd/control-PORT.sock as root).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Where to keep what was written while a member was away, for arrays without a
+    /// write-intent bitmap (default: $STATE_DIRECTORY, else /var/lib/raidnbd).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Run CMD on array events: `CMD EVENT EXPORT [MEMBER]` (see below).
     #[arg(long, value_name = "CMD")]
     pub on_event: Option<String>,
@@ -295,18 +300,19 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. 127.0.0.1:9109 (off by default).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
-    /// A client must finish the NBD handshake within this many seconds [default: 10].
-    #[arg(long, value_name = "SECONDS")]
-    pub handshake_timeout: Option<u64>,
-    /// Close connections with no request in flight and none arriving for this many seconds
+    /// A client must finish the NBD handshake within this (`10s`, `500ms`; a plain number is
+    /// seconds) [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
+    pub handshake_timeout: Option<std::time::Duration>,
+    /// Close connections with no request in flight and none arriving for this long
     /// [default: never; the kernel client keeps idle connections open].
-    #[arg(long, value_name = "SECONDS")]
-    pub idle_timeout: Option<u64>,
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
+    pub idle_timeout: Option<std::time::Duration>,
     /// Close a connection that holds the server's byte budget for a request and makes no
-    /// progress for this many seconds (a WRITE payload that stops arriving, replies it does
-    /// not read) [default: 60].
-    #[arg(long, value_name = "SECONDS")]
-    pub stall_timeout: Option<u64>,
+    /// progress for this long (a WRITE payload that stops arriving, replies it does not read)
+    /// [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
+    pub stall_timeout: Option<std::time::Duration>,
     /// RAID4/5/6: a sequential write that ends inside a stripe may wait this many
     /// microseconds for the writes that complete the stripe, which then go to the members as
     /// one full-stripe write (no read-modify-write); 0 turns it off [default: 1000].

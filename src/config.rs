@@ -10,11 +10,12 @@
 //! force = false
 //! require_all = false
 //! control = "/run/raidnbd/control.sock"
+//! state_dir = "/var/lib/raidnbd"   # away records (arrays without a bitmap)
 //! metrics = "127.0.0.1:9109"
 //! on_event = "/usr/local/sbin/raidnbd-event"
-//! handshake_timeout = 10   # seconds
-//! idle_timeout = 600       # seconds; default: never
-//! stall_timeout = 60       # seconds
+//! handshake_timeout = "10s"   # durations: "500ms", "30s", "2m", or a number of seconds
+//! idle_timeout = "10m"     # default: never
+//! stall_timeout = 60
 //! write_gather_us = 1000   # raid4/5/6: wait for the rest of a stripe; 0 = off
 //! tls = "require"          # off | on | require (per export: on | require)
 //! tls_certificates = "/etc/raidnbd/pki"   # server-cert.pem, server-key.pem, ca-cert.pem
@@ -25,7 +26,7 @@
 //! member_bw = "20M"        # optional throttle per member, bytes/s (also per export)
 //! export_bw = "60M"        # optional throttle of all members together (also per export)
 //! member_iops = 200        # (also per export)
-//! member_timeout = 30      # NBD members: seconds of reconnecting before a member fails (also per export)
+//! member_timeout = "30s"   # NBD members: open and answer within, reconnect for up to (also per export)
 //! buffered = false         # (also per export)
 //! read_only = false        # (also per export)
 //!
@@ -45,6 +46,7 @@ use serde::Deserialize;
 use nbd_server::AddressRange;
 
 use crate::cli::{CacheMode, IoEngine, ListenAddr, TlsMode};
+use crate::duration::ConfigDuration;
 use crate::size::parse_size;
 
 #[derive(Debug, Deserialize, Default)]
@@ -57,18 +59,19 @@ pub struct ConfigFile {
     pub force: Option<bool>,
     pub require_all: Option<bool>,
     pub control: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
     pub metrics: Option<SocketAddr>,
     pub on_event: Option<String>,
-    pub handshake_timeout: Option<u64>,
-    pub idle_timeout: Option<u64>,
-    pub stall_timeout: Option<u64>,
+    pub handshake_timeout: Option<ConfigDuration>,
+    pub idle_timeout: Option<ConfigDuration>,
+    pub stall_timeout: Option<ConfigDuration>,
     pub write_gather_us: Option<u64>,
     pub read_only: Option<bool>,
     pub io: Option<String>,
     pub member_bw: Option<String>,
     pub export_bw: Option<String>,
     pub member_iops: Option<u64>,
-    pub member_timeout: Option<u64>,
+    pub member_timeout: Option<ConfigDuration>,
     pub buffered: Option<bool>,
     pub tls: Option<String>,
     pub tls_certificates: Option<PathBuf>,
@@ -96,7 +99,7 @@ pub struct MemberKeys {
     pub member_bw: Option<String>,
     pub export_bw: Option<String>,
     pub member_iops: Option<u64>,
-    pub member_timeout: Option<u64>,
+    pub member_timeout: Option<ConfigDuration>,
     pub buffered: Option<bool>,
 }
 
@@ -113,7 +116,7 @@ pub struct ExportConfig {
     pub member_bw: Option<String>,
     pub export_bw: Option<String>,
     pub member_iops: Option<u64>,
-    pub member_timeout: Option<u64>,
+    pub member_timeout: Option<ConfigDuration>,
     pub buffered: Option<bool>,
     /// `on` (the default) or `require`: this export only over TLS.
     pub tls: Option<String>,
@@ -314,8 +317,8 @@ mod tests {
     fn sample_value(key: &str) -> &'static str {
         match key {
             "read_only" | "force" | "require_all" | "buffered" | "tls_verify_peer" => "true",
-            "member_iops" | "member_timeout" | "handshake_timeout" | "idle_timeout" | "stall_timeout"
-            | "write_gather_us" => "5",
+            "member_iops" | "write_gather_us" => "5",
+            "member_timeout" | "handshake_timeout" | "idle_timeout" | "stall_timeout" => "\"5s\"",
             "listen" | "members" | "tls_peer" | "allow" => "[\"127.0.0.1:1\"]",
             "metrics" => "\"127.0.0.1:9\"",
             _ => "\"x\"",

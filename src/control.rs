@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, anyhow, bail};
-use member_io::{FaultOps, LinkStats};
+use member_io::{FaultOps, LinkErrorKind, LinkStats};
 use raid_core::engine::{Array, MaintenanceWork, RecoveryTally, SlotState};
 use raid_core::{Member, SECTOR_BYTES};
 use serde_json::{Value, json};
@@ -272,6 +272,8 @@ fn status(export: &ControlledExport) -> Value {
         .into_iter()
         .map(|(uri, l)| {
             let state = l.state();
+            let errors: serde_json::Map<String, Value> =
+                LinkErrorKind::ALL.into_iter().map(|k| (k.label().to_string(), json!(l.errors(k)))).collect();
             json!({
                 "member": uri,
                 "state": state.name(),
@@ -280,6 +282,14 @@ fn status(export: &ControlledExport) -> Value {
                 "reconnects": LinkStats::get(&l.reconnects),
                 "timeouts": LinkStats::get(&l.timeouts),
                 "retries": LinkStats::get(&l.retries),
+                "errors": errors,
+                "last_error": l.last_error().map(|e| json!({
+                    "kind": e.kind.label(),
+                    "kind_name": e.kind.name(),
+                    "what": e.what,
+                    "seconds_ago": e.at.elapsed().map_or(0, |d| d.as_secs()),
+                })),
+                "log_lines_suppressed": LinkStats::get(&l.log_lines_suppressed),
             })
         })
         .collect();
@@ -306,6 +316,13 @@ fn status(export: &ControlledExport) -> Value {
         "last_recovery": tally(maintenance.last_recovery),
         "links": links,
         "gathered_writes": array.gathered_writes(),
+        "away": array.away_status().map(|a| json!({
+            "since_events": a.since_events,
+            "chunks_written": a.chunks_written,
+            "chunks": a.chunks,
+            "chunk_bytes": a.chunk_sectors * 512,
+            "persisted": a.persisted,
+        })),
         "parity_log": array.parity_log_stats().map(|l| json!({
             "entries_logged": l.entries_logged,
             "headers_written": l.headers_written,

@@ -67,8 +67,8 @@ fn busy(exports: &Value, only: Option<&str>) -> bool {
 
 /// `ctl wait`: like mdadm --wait, returns once no rebuild, resync, replace or check runs
 /// (exit 0), or after `timeout` seconds (exit 1).
-async fn wait(socket: &PathBuf, export: Option<&str>, timeout: Option<u64>) -> Result<ExitCode> {
-    let deadline = timeout.map(|s| tokio::time::Instant::now() + std::time::Duration::from_secs(s));
+async fn wait(socket: &PathBuf, export: Option<&str>, timeout: Option<std::time::Duration>) -> Result<ExitCode> {
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     loop {
         let reply = request(socket, json!({ "command": "status" })).await?;
         if let Some(name) = export
@@ -80,7 +80,8 @@ async fn wait(socket: &PathBuf, export: Option<&str>, timeout: Option<u64>) -> R
             return Ok(ExitCode::SUCCESS);
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            eprintln!("raidnbd: still busy after {}s", timeout.unwrap_or(0));
+            let waited = crate::duration::format_duration(timeout.unwrap_or_default());
+            eprintln!("raidnbd: still busy after {waited}");
             return Ok(ExitCode::from(1));
         }
         tokio::time::sleep(WAIT_POLL).await;
@@ -170,9 +171,18 @@ fn mdstat(exports: &Value) -> Option<String> {
                 human_bytes(w["speed_bytes_per_sec"].as_u64().unwrap_or(0))
             ));
         }
+        if let Some(a) = e["away"].as_object() {
+            out.push_str(&format!(
+                "      away record: {} of {} chunks written since event {}{}\n",
+                a["chunks_written"],
+                a["chunks"],
+                a["since_events"],
+                if a["persisted"] == json!(true) { "" } else { " (in memory only)" }
+            ));
+        }
         if let Some(t) = e["last_recovery"].as_object().filter(|t| t["from_bitmap"] == json!(true)) {
             out.push_str(&format!(
-                "      last re-add of role {}: {} dirty bitmap chunks, {} copied\n",
+                "      last re-add of role {}: {} chunks written while away, {} copied\n",
                 t["role"],
                 t["dirty_chunks"],
                 human_bytes(t["copied_bytes"].as_u64().unwrap_or(0))

@@ -5,6 +5,7 @@
 //! `nbd-server` (the protocol). Errors end as one line on stderr and exit status 2;
 //! `check` exits 1 when it found mismatches.
 
+mod away_file;
 mod bench;
 mod check;
 mod cli;
@@ -12,6 +13,7 @@ mod config;
 mod control;
 mod create;
 mod ctl;
+mod duration;
 mod export;
 mod inspect;
 mod listen;

@@ -76,6 +76,11 @@ impl MemberOpenOptions {
         }
     }
 
+    /// How long an NBD member may take to open and to answer.
+    pub fn member_timeout(&self) -> Duration {
+        self.io.member_timeout.unwrap_or(DEFAULT_MEMBER_TIMEOUT)
+    }
+
     fn throttle(&self) -> ThrottleConfig {
         ThrottleConfig { bytes_per_sec: self.io.member_bw, iops: self.io.member_iops, ..ThrottleConfig::default() }
     }
@@ -92,7 +97,10 @@ impl MemberOpenOptions {
 }
 
 /// `--member-timeout` when not given.
-const DEFAULT_MEMBER_TIMEOUT_SECS: u64 = 30;
+pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Shortest `--member-timeout` accepted.
+const MIN_MEMBER_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Opens one member with the chosen engine, throttled and fault-injectable if asked.
 /// Members are named by their canonical path, so `ctl` can name them from anywhere; a member
@@ -100,7 +108,10 @@ const DEFAULT_MEMBER_TIMEOUT_SECS: u64 = 30;
 /// URI.
 pub async fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<dyn Member>> {
     let (name, mut member): (String, Arc<dyn Member>) = if nbd_client::ExportAddress::is_uri(path) {
-        let timeout = Duration::from_secs(options.io.member_timeout.unwrap_or(DEFAULT_MEMBER_TIMEOUT_SECS));
+        let timeout = options.member_timeout();
+        if timeout < MIN_MEMBER_TIMEOUT {
+            bail!("--member-timeout must be at least 100ms");
+        }
         let member = NbdMember::connect(path, timeout, options.links.get(path))
             .await
             .with_context(|| format!("cannot open member {path}"))?;
@@ -146,6 +157,16 @@ pub struct OpenedArray {
     pub absent: Vec<String>,
     /// The array was dirty and degraded (parity untrusted) and is served read-only.
     pub forced_read_only: bool,
+}
+
+impl OpenedArray {
+    /// Named members not in the array now that may come back: absent ones, and those the
+    /// array recorded as failed or that fell behind (they left while it ran).
+    pub fn returnable(&self) -> Vec<String> {
+        let faulty = self.assembly.faulty.iter().filter_map(|&c| self.paths.get(c).cloned());
+        let stale = self.assembly.stale.iter().map(|(name, _)| name.clone());
+        self.absent.iter().cloned().chain(faulty).chain(stale).collect()
+    }
 }
 
 /// Opens `paths`, assembles the array they form, and starts it.
@@ -209,18 +230,26 @@ pub async fn open_array(
 }
 
 /// Whether an open failed because the member is not there at all (no such file or device,
-/// a device node whose disk is gone): the cases a dead disk causes.
+/// a device node whose disk is gone): the cases a dead disk causes. An NBD member whose
+/// server is not there (refused, no socket), does not answer in time, drops the connection
+/// or breaks the protocol counts the same: its host or its server is down, not misconfigured
+/// (a refused export or TLS, which are, still fail).
 fn is_gone(error: &anyhow::Error) -> bool {
+    use nbd_client::ClientError;
     let io_gone = |io: &std::io::Error| {
         matches!(io.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused)
             || matches!(io.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT))
     };
     error.chain().any(|c| {
         c.downcast_ref::<std::io::Error>().is_some_and(io_gone)
-            // An NBD member whose server is not there (refused, no socket) is absent too.
             || matches!(
-                c.downcast_ref::<nbd_client::ClientError>(),
-                Some(nbd_client::ClientError::Io { source, .. }) if io_gone(source)
+                c.downcast_ref::<ClientError>(),
+                Some(
+                    ClientError::Io { .. }
+                        | ClientError::Timeout { .. }
+                        | ClientError::ConnectionLost { .. }
+                        | ClientError::Protocol { .. }
+                )
             )
     })
 }

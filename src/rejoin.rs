@@ -4,10 +4,11 @@
 //! [`LinkState::Lost`]: not back within `--member-timeout`, or lost holding unflushed writes)
 //! or that was absent at start is tried again every [`REJOIN_INTERVAL`]. When its export
 //! answers with this array's superblock, in a role that is failed now, and the write-intent
-//! bitmap has covered every write since it left, it is re-added: only the chunks written
-//! meanwhile are copied. A member that failed with I/O errors (its server answered: the disk
-//! is bad) is not retried, nor one that came back as another disk; `ctl re-add` asks for the
-//! same on any member, once.
+//! bitmap (or, without one, the away record) has covered every write since it left, it is
+//! re-added: only the chunks written meanwhile are copied. A member that failed with I/O
+//! errors (its server answered: the disk is bad) is not retried, nor one that came back as
+//! another disk; `ctl re-add` asks for the same on any member, once. Members the array had
+//! recorded as failed, or that fell behind, when it was assembled are tried as well.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -26,10 +27,17 @@ const REJOIN_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The failed role `member` can come back to with a bitmap-based recovery, or why not: its
 /// superblock is this array's, its role is failed now, and the bitmap covered every write
-/// since it left (its events are at least the bitmap's events_cleared, as md checks).
+/// since it left (its events are at least the bitmap's events_cleared, as md checks) or,
+/// without a bitmap, the away record did (its events are at least the record's start).
 pub async fn returning_role(array: &Array<dyn Member>, member: &dyn Member) -> Result<usize, String> {
     let summary = array.metadata_summary().ok_or("the array has no md metadata")?;
-    let cleared = summary.bitmap_events_cleared.ok_or("the array has no write-intent bitmap")?;
+    let (cleared, history) = match (summary.bitmap_events_cleared, array.away_since_events()) {
+        (Some(cleared), _) => (cleared, "the bitmap's history"),
+        (None, Some(since)) => (since, "the away record began"),
+        (None, None) => {
+            return Err("the array has no write-intent bitmap and no record of what was written meanwhile".into());
+        }
+    };
     let area = read_superblock_area(member).await.map_err(|e| format!("{e:#}"))?;
     let sb = Superblock::decode(&area).map_err(|e| format!("no md superblock: {e}"))?;
     if sb.set_uuid.0 != summary.uuid {
@@ -40,9 +48,12 @@ pub async fn returning_role(array: &Array<dyn Member>, member: &dyn Member) -> R
         return Err(format!("its role {role} is not failed"));
     }
     if sb.events < cleared {
+        return Err(format!("it left before {history} (events {} < {cleared}): add it as a spare", sb.events));
+    }
+    if sb.events > summary.events {
         return Err(format!(
-            "it left before the bitmap's history (events {} < {cleared}): add it as a spare",
-            sb.events
+            "its events {} are ahead of the array's {}: it was used elsewhere",
+            sb.events, summary.events
         ));
     }
     Ok(role)

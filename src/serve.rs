@@ -65,6 +65,8 @@ struct Settings {
     force: bool,
     require_all: bool,
     control: Option<PathBuf>,
+    /// Where each array's away record is kept (away_file.rs).
+    state_dir: PathBuf,
     metrics: Option<SocketAddr>,
     on_event: Option<String>,
     /// Full-stripe gathering window for raid4/5/6 (zero: off).
@@ -92,7 +94,7 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
                 member_bw: args.io.member_bw.or(keys.member_bw_bytes()?),
                 member_iops: args.io.member_iops.or(keys.member_iops),
                 export_bw: args.io.export_bw.or(keys.export_bw_bytes()?),
-                member_timeout: args.io.member_timeout.or(keys.member_timeout),
+                member_timeout: args.io.member_timeout.or(keys.member_timeout.map(|d| d.0)),
                 buffered: args.io.buffered || keys.buffered.unwrap_or(false),
             },
             read_only: args.read_only || keys.read_only.unwrap_or(false),
@@ -143,6 +145,7 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
         force: args.force || file.force.unwrap_or(false),
         require_all: args.require_all || file.require_all.unwrap_or(false),
         control: args.control.clone().or_else(|| file.control.clone()),
+        state_dir: crate::away_file::state_dir(args.state_dir.as_deref().or(file.state_dir.as_deref())),
         metrics: args.metrics.or(file.metrics),
         on_event: args.on_event.clone().or_else(|| file.on_event.clone()),
         write_gather: Duration::from_micros(
@@ -150,22 +153,18 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
         ),
         server: {
             let defaults = ServerConfig::default();
-            if args.handshake_timeout.or(file.handshake_timeout) == Some(0)
-                || args.idle_timeout.or(file.idle_timeout) == Some(0)
-                || args.stall_timeout.or(file.stall_timeout) == Some(0)
-            {
+            let handshake = args.handshake_timeout.or(file.handshake_timeout.map(|d| d.0));
+            let idle = args.idle_timeout.or(file.idle_timeout.map(|d| d.0));
+            let stall = args.stall_timeout.or(file.stall_timeout.map(|d| d.0));
+            if [handshake, idle, stall].iter().any(|t| t.is_some_and(|t| t < MIN_CLIENT_TIMEOUT)) {
                 bail!(
-                    "--handshake-timeout, --idle-timeout and --stall-timeout take at least 1 second (leave --idle-timeout out for never)"
+                    "--handshake-timeout, --idle-timeout and --stall-timeout take at least 100ms (leave --idle-timeout out for never)"
                 );
             }
-            let handshake = args.handshake_timeout.or(file.handshake_timeout);
             ServerConfig {
-                handshake_timeout: handshake.map_or(defaults.handshake_timeout, Duration::from_secs),
-                idle_timeout: args.idle_timeout.or(file.idle_timeout).map(Duration::from_secs),
-                stall_timeout: args
-                    .stall_timeout
-                    .or(file.stall_timeout)
-                    .map_or(defaults.stall_timeout, Duration::from_secs),
+                handshake_timeout: handshake.unwrap_or(defaults.handshake_timeout),
+                idle_timeout: idle,
+                stall_timeout: stall.unwrap_or(defaults.stall_timeout),
                 allowed_addresses: if args.allow.is_empty() { file.allow()? } else { args.allow.clone() },
                 ..defaults
             }
@@ -203,8 +202,50 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     if settings.cache == CacheMode::Writeback && settings.cache_size < MIN_CACHE_BYTES {
         bail!("--cache-size must be at least 1M (got {})", human_bytes(settings.cache_size));
     }
-    // Signals are caught from here on: one during start-up stops the server once it has started.
+    // Signals are caught from here on: one during start-up stops it (every wait on a member
+    // there is bounded too, by --member-timeout).
     let shutdown = Shutdown::install()?;
+    let stop_deadline = stop_deadline(&settings.exports);
+    let started = tokio::select! {
+        started = start(settings) => started?,
+        () = shutdown.stop.cancelled() => {
+            tracing::warn!("stopped during start-up, before serving");
+            return Ok(());
+        }
+    };
+    serve(started, shutdown, stop_deadline).await
+}
+
+/// How long a stop may take before the process exits anyway: the drain and the final
+/// flush each wait on members for at most twice the member timeout (a request's own
+/// timeout, then reconnecting), plus time for the write-back cache.
+fn stop_deadline(exports: &[ExportPlan]) -> Duration {
+    let member_timeout = exports.iter().map(|e| e.options.member_timeout()).max().unwrap_or_default();
+    member_timeout * 2 + STOP_SLACK
+}
+
+/// Added to the stop deadline.
+const STOP_SLACK: Duration = Duration::from_secs(10);
+
+type CacheTask = (Arc<WriteCache<dyn Member>>, tokio::task::JoinHandle<()>);
+
+/// What `start` opened: arrays, listeners and the tasks around them, ready to serve.
+struct Started {
+    server: Server,
+    listeners: Vec<Bound>,
+    activated: bool,
+    socket: PathBuf,
+    control: Arc<Control>,
+    arrays: Vec<Arc<Array<dyn Member>>>,
+    /// Each write-back cache and its background task.
+    caches: Vec<CacheTask>,
+    watched: Vec<Watched>,
+    lines: Vec<String>,
+    on_event: Option<String>,
+}
+
+/// Opens every export's array, binds the listeners and the control socket.
+async fn start(settings: Settings) -> Result<Started> {
     let metrics = crate::metrics::start(settings.metrics).await?;
     let mut arrays: Vec<Arc<Array<dyn Member>>> = Vec::new();
     let mut exports = Vec::new();
@@ -220,6 +261,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         let paths = plan.members.paths()?;
         let opened = open_array(&paths, &plan.options, settings.force, settings.require_all).await?;
         let read_only = plan.options.read_only || opened.forced_read_only;
+        if !read_only {
+            let meta = &opened.assembly.metadata;
+            let uuid = meta.uuid.to_string().replace(':', "");
+            crate::away_file::track(&opened.array, &settings.state_dir, &uuid, meta.events, !opened.assembly.dirty)
+                .await;
+        }
         if settings.cache == CacheMode::Writethrough {
             // (The write-back cache gathers stripes itself.)
             opened.array.enable_write_gathering(settings.write_gather, Arc::new(TokioTimer));
@@ -248,7 +295,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             Export::new(plan.name.clone(), device).require_tls(plan.tls_required).tls_peers(plan.tls_peers.clone()),
         );
         let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
-        crate::rejoin::spawn(opened.array.clone(), plan.options.clone(), opened.absent.clone(), worker.wake.clone());
+        crate::rejoin::spawn(opened.array.clone(), plan.options.clone(), opened.returnable(), worker.wake.clone());
         watched.push(Watched { export: plan.name.clone(), array: opened.array.clone() });
         controlled.push(ControlledExport {
             name: plan.name,
@@ -262,6 +309,23 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let (listeners, activated) = listen::listeners(&settings.listen).await?;
     let socket = settings.control.clone().unwrap_or_else(|| control::default_socket_for(&listeners));
     let control = Arc::new(Control { exports: controlled });
+    Ok(Started {
+        server,
+        listeners,
+        activated,
+        socket,
+        control,
+        arrays,
+        caches,
+        watched,
+        lines,
+        on_event: settings.on_event,
+    })
+}
+
+/// Serves until a signal, then stops in order; gives up (exit 1) after `stop_deadline`.
+async fn serve(started: Started, shutdown: Shutdown, stop_deadline: Duration) -> Result<()> {
+    let Started { server, listeners, activated, socket, control, arrays, caches, watched, lines, on_event } = started;
     let control_listener = control::bind(&socket)?;
     let control_task = tokio::spawn(async move {
         if let Err(e) = control::serve(control, control_listener).await {
@@ -290,10 +354,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             }
         }
     }
-    let monitor = monitor::spawn(watched, settings.on_event.clone(), shutdown.stop.clone());
+    let monitor = monitor::spawn(watched, on_event, shutdown.stop.clone());
     crate::notify::ready(&format!("serving on {}", names.join(", ")));
     shutdown.stop.cancelled().await;
     crate::notify::stopping();
+    let stage = crate::shutdown::arm_deadline(stop_deadline);
+    stage.set("draining connections");
     let drained = tokio::select! {
         r = join_servers(&mut serving) => Some(r),
         _ = shutdown.hurry.cancelled() => None,
@@ -312,6 +378,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     for path in &unix_paths {
         let _ = std::fs::remove_file(path);
     }
+    stage.set("writing back the cache, flushing the members and marking the arrays clean");
     tracing::info!("writing back the cache, flushing and marking arrays clean");
     // Cached writes reach the members before the arrays are marked clean.
     let mut cache_error = None;
@@ -352,6 +419,9 @@ async fn join_servers(serving: &mut tokio::task::JoinSet<nbd_server::Result<()>>
     }
     result
 }
+
+/// Shortest client timeout accepted (shorter would cut off a client on loopback).
+const MIN_CLIENT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Default `--write-gather-us`: md's stripe cache holds a partial stripe about as long.
 const DEFAULT_WRITE_GATHER_US: u64 = 1000;

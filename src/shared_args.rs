@@ -48,8 +48,10 @@ pub struct MemberIoArgs {
     /// Open members with buffered I/O instead of O_DIRECT.
     #[arg(long)]
     pub buffered: bool,
-    /// NBD members: a lost or stalled connection is reconnected and its requests re-sent for
-    /// up to this many seconds before the member counts as failed [default: 30].
-    #[arg(long, value_name = "SECONDS")]
-    pub member_timeout: Option<u64>,
+    /// NBD members: opening one (connect, handshake, identity) and every request must finish
+    /// within this; a lost or stalled connection is reconnected and its requests re-sent for
+    /// up to this long before the member counts as failed (`30s`, `500ms`, `2m`; a plain
+    /// number is seconds) [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
+    pub member_timeout: Option<std::time::Duration>,
 }

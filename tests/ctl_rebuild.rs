@@ -196,3 +196,50 @@ fn returning_member_is_re_added_from_the_bitmap() {
     served.stop();
     assert_ok(&raidnbd(d, &["check", "m0", "m1", "m2", "m3"]));
 }
+
+/// RAID5 with the defaults (partial parity log, no bitmap): a member that failed and is
+/// added back by its own path is re-added from the away record (only what was written
+/// meanwhile is copied); one whose superblock was lost meanwhile is rebuilt whole instead
+/// of refused ("already part of the array").
+#[test]
+fn a_failed_member_added_again_is_re_added_from_the_away_record_or_rebuilt() {
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "5", "--chunk", "64K", "--size", "64M", "m0", "m1", "m2"]));
+    let socket = d.join("c.sock");
+    let sock = socket.to_str().unwrap().to_string();
+    let served = Served::start(d, "a", &["--fault-injection", "--control", &sock], &["m0", "m1", "m2"]);
+    let uri = served.uri("a");
+    workload(d, &uri, &["write", "31", "100"]);
+    let m2 = d.join("m2").to_string_lossy().into_owned();
+    ctl(d, &socket, &["fault", &m2, "all"]);
+    workload(d, &uri, &["write", "32", "100"]);
+    let s = status(d, &socket);
+    assert_eq!(s["roles"][2]["state"], "faulty", "{s:#}");
+    assert!(s["away"]["chunks_written"].as_u64() >= Some(1), "{s:#}");
+    ctl(d, &socket, &["add", &m2]);
+    let s = wait_for(d, &socket, "re-add from the away record", all_in_sync);
+    let tally = &s["last_recovery"];
+    assert_eq!(tally["from_bitmap"], true, "{s:#}");
+    assert!(tally["copied_bytes"].as_u64().unwrap() < 32 << 20, "only what was written: {s:#}");
+    assert!(served.log_text().contains("member re-added"), "{}", served.log_text());
+    workload(d, &uri, &["verify"]);
+
+    // Failed again, and its superblock lost: `ctl add` rebuilds it as a new device.
+    ctl(d, &socket, &["fault", &m2, "all"]);
+    workload(d, &uri, &["write", "33", "100"]);
+    let s = status(d, &socket);
+    assert_eq!(s["roles"][2]["state"], "faulty", "{s:#}");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&m2).unwrap();
+        f.write_all_at(&[0u8; 4096], 4096).unwrap();
+    }
+    ctl(d, &socket, &["add", &m2]);
+    let s = wait_for(d, &socket, "a full rebuild", |s| all_in_sync(s) && s["last_recovery"]["from_bitmap"] == false);
+    assert!(s["roles"][2]["member"].as_str().unwrap().ends_with("/m2"), "{s:#}");
+    assert!(served.log_text().contains("a failed member added again"), "{}", served.log_text());
+    workload(d, &uri, &["verify"]);
+    served.stop();
+    assert_ok(&raidnbd(d, &["check", "m0", "m1", "m2"]));
+}

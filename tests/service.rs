@@ -573,7 +573,7 @@ fn command_line_flags_override_the_config_file() {
     served.stop();
     for flag in ["--idle-timeout", "--handshake-timeout"] {
         let out = raidnbd(d, &["serve", flag, "0", "--config", config.to_str().unwrap()]);
-        assert_user_error(&out, "at least 1 second");
+        assert_user_error(&out, "at least 100ms");
     }
 }
 

@@ -99,6 +99,8 @@ impl Served {
             .args(args(&format!("127.0.0.1:{port}")))
             .current_dir(dir)
             .env("RUST_LOG", "info")
+            // Away records in the test's directory, not /var/lib/raidnbd.
+            .env("STATE_DIRECTORY", dir.join("state"))
             .stdout(log_file.try_clone().expect("log file"))
             .stderr(log_file)
             .spawn()

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
-use super::duration::fio_time;
 use super::workloads::Rw;
+use crate::duration::fio_time;
 
 /// One fio run against an NBD export.
 #[derive(Debug, Clone)]

@@ -16,7 +16,6 @@
 //! members (unless `--keep`).
 
 mod args;
-mod duration;
 mod fio;
 mod notes;
 mod plan;
@@ -35,8 +34,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
+pub use crate::duration::parse_duration;
 pub use args::BenchArgs;
-pub use duration::parse_duration;
 
 use crate::shared_args::CacheMode;
 use crate::size::format_size;

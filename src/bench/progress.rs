@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use super::duration::format_eta;
+use crate::duration::format_eta;
 
 pub struct Progress {
     /// Cache modes the server refused (every later array will refuse them too).

@@ -20,7 +20,7 @@ use raid_core::engine::{MaintenanceStatus, MaintenanceWork, RoleStatus, SlotStat
 
 use super::ExportMetrics;
 use super::device::Command;
-use member_io::{LinkState, LinkStats};
+use member_io::{LinkErrorKind, LinkState, LinkStats};
 use raid_core::decorator::OpKind;
 
 use super::member::MemberStats;
@@ -324,13 +324,16 @@ impl Collector for ScrapeCollector {
             .collect();
         let link_labels =
             |(export, uri, _): &(String, String, Arc<LinkStats>)| [("export", export.clone()), ("member", uri.clone())];
-        let link_counters: [(&str, &str, LinkCounter); 4] = [
+        let link_counters: [(&str, &str, LinkCounter); 5] = [
             ("member_link_disconnects", "Connections to an NBD member that were lost.", |l| &l.disconnects),
             ("member_link_reconnects", "Lost connections to an NBD member replaced by a new one.", |l| &l.reconnects),
             ("member_request_timeouts", "NBD member requests that got no answer within --member-timeout.", |l| {
                 &l.timeouts
             }),
             ("member_request_retries", "NBD member requests re-sent on a new connection.", |l| &l.retries),
+            ("member_log_lines_suppressed", "Warnings about an NBD member held back by the rate limit.", |l| {
+                &l.log_lines_suppressed
+            }),
         ];
         for (name, help, field) in link_counters {
             family(
@@ -341,6 +344,20 @@ impl Collector for ScrapeCollector {
                 links.iter().map(|l| (link_labels(l), counter(LinkStats::get(field(&l.2))))),
             )?;
         }
+        family(
+            enc,
+            "member_link_errors",
+            "What went wrong with the link to an NBD member, by kind: timeout, protocol (a \
+             violation), io (an error the server answered), connection (lost or refused), identity \
+             (came back as another disk), refused (export or TLS).",
+            MetricType::Counter,
+            links.iter().flat_map(|l| {
+                LinkErrorKind::ALL.into_iter().map(move |kind| {
+                    let [export, member] = link_labels(l);
+                    ([export, member, ("kind", kind.label().to_string())], counter(l.2.errors(kind)))
+                })
+            }),
+        )?;
         family(
             enc,
             "member_link_up",

@@ -92,7 +92,38 @@ pub(crate) struct Waiters {
     pub(crate) next_cookie: u64,
     pub(crate) by_cookie: HashMap<u64, Waiter>,
     /// Why the connection ended, once it has.
-    pub(crate) closed: Option<String>,
+    pub(crate) closed: Option<Closed>,
+}
+
+/// Why a connection ended: lost (EOF, an I/O error, given up on), or a protocol violation
+/// of the server's (its requests fail with [`ClientError::Protocol`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Closed {
+    why: String,
+    violation: bool,
+}
+
+impl Closed {
+    pub(crate) fn lost(why: impl Into<String>) -> Self {
+        Self { why: why.into(), violation: false }
+    }
+
+    pub(crate) fn violation(what: impl Into<String>) -> Self {
+        Self { why: what.into(), violation: true }
+    }
+
+    pub(crate) fn is_violation(&self) -> bool {
+        self.violation
+    }
+
+    fn error(&self, address: &str) -> ClientError {
+        let address = address.to_string();
+        if self.violation {
+            ClientError::Protocol { address, what: self.why.clone() }
+        } else {
+            ClientError::ConnectionLost { address, why: self.why.clone() }
+        }
+    }
 }
 
 impl Shared {
@@ -100,16 +131,21 @@ impl Shared {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Ends the connection: every waiter, and every later request, fails with `why`.
-    pub(crate) fn close(&self, why: String) {
-        let waiting: Vec<Waiter> = {
+    /// Ends the connection: every waiter, and every later request, fails with the reason
+    /// (the first one given, when several race).
+    pub(crate) fn close(&self, closed: Closed) {
+        let (closed, waiting): (Closed, Vec<Waiter>) = {
             let mut w = self.lock();
-            w.closed.get_or_insert(why.clone());
-            w.by_cookie.drain().map(|(_, waiter)| waiter).collect()
+            let closed = w.closed.get_or_insert(closed).clone();
+            (closed, w.by_cookie.drain().map(|(_, waiter)| waiter).collect())
         };
         for waiter in waiting {
-            waiter.fail(ClientError::ConnectionLost { address: self.address.clone(), why: why.clone() });
+            waiter.fail(closed.error(&self.address));
         }
+    }
+
+    pub(crate) fn new(address: String) -> Self {
+        Self { address, waiters: Mutex::new(Waiters { next_cookie: 1, by_cookie: HashMap::new(), closed: None }) }
     }
 }
 
@@ -156,17 +192,12 @@ impl Client {
             }
         };
         let (details, reader, writer) =
-            tokio::time::timeout(config.connect_timeout, connect).await.map_err(|_| {
-                ClientError::ConnectionLost {
-                    address: name.clone(),
-                    why: format!("no handshake within {:?}", config.connect_timeout),
-                }
+            tokio::time::timeout(config.connect_timeout, connect).await.map_err(|_| ClientError::Timeout {
+                address: name.clone(),
+                what: format!("connecting and the handshake did not finish within {:?}", config.connect_timeout),
             })??;
         let max_in_flight_bytes = config.max_in_flight_bytes.max(details.max_payload_bytes as usize);
-        let shared = Arc::new(Shared {
-            address: name,
-            waiters: Mutex::new(Waiters { next_cookie: 1, by_cookie: HashMap::new(), closed: None }),
-        });
+        let shared = Arc::new(Shared::new(name));
         let reader = tokio::spawn(read_replies(reader, shared.clone(), details.structured_replies));
         Ok(Self {
             details,
@@ -190,12 +221,12 @@ impl Client {
     /// flight and every later one fails with `why`.
     pub fn abandon(&self, why: &str) {
         self.reader.abort();
-        self.shared.close(why.to_string());
+        self.shared.close(Closed::lost(why));
     }
 
     /// Why the connection ended, if it has.
     pub fn closed(&self) -> Option<String> {
-        self.shared.lock().closed.clone()
+        self.shared.lock().closed.as_ref().map(|c| c.why.clone())
     }
 
     /// Reads `len` bytes at `offset`.
@@ -296,12 +327,12 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         let cookie = {
             let mut w = self.shared.lock();
-            if let Some(why) = &w.closed {
-                return Err(ClientError::ConnectionLost { address: self.shared.address.clone(), why: why.clone() });
+            if let Some(closed) = &w.closed {
+                return Err(closed.error(&self.shared.address));
             }
             let cookie = w.next_cookie;
             w.next_cookie += 1;
-            w.by_cookie.insert(cookie, Waiter::new(name, offset, len, command == cmd::READ, tx, permit));
+            w.by_cookie.insert(cookie, Waiter::new(name, offset, len, command == cmd::READ, tx, Some(permit)));
             cookie
         };
         let header = RequestHeader { flags, command, cookie, offset, length: len };
@@ -317,7 +348,7 @@ impl Client {
                 writer.flush().await
             };
             if let Err(e) = written.await {
-                shared.close(format!("sending a request failed: {e}"));
+                shared.close(Closed::lost(format!("sending a request failed: {e}")));
             }
         });
         drop(send);

@@ -17,6 +17,9 @@ pub enum ClientError {
     /// The server answered this request with an error.
     #[error("{address}: {command} at {offset}+{len}: server error {errno} ({message})")]
     Errno { address: String, command: &'static str, offset: u64, len: u64, errno: u32, message: String },
+    /// Connecting, the handshake or an answer took longer than allowed.
+    #[error("{address}: timed out: {what}")]
+    Timeout { address: String, what: String },
     /// The connection ended (or was never usable) before this request was answered.
     #[error("{address}: connection lost: {why}")]
     ConnectionLost { address: String, why: String },
@@ -42,6 +45,7 @@ impl From<ClientError> for std::io::Error {
         let kind = match &e {
             ClientError::Invalid { .. } => std::io::ErrorKind::InvalidInput,
             ClientError::ConnectionLost { .. } => std::io::ErrorKind::ConnectionAborted,
+            ClientError::Timeout { .. } => std::io::ErrorKind::TimedOut,
             _ => std::io::ErrorKind::Other,
         };
         std::io::Error::new(kind, e)

@@ -15,7 +15,8 @@
 //!   `tls`: the client side of STARTTLS (rustls for X.509, OpenSSL for PSK).
 //! - `handshake`: fixed newstyle, structured replies, GO with block sizes ([`ExportDetails`]).
 //! - `client`: [`Client`], requests checked against the export and pipelined with bounded
-//!   bytes in flight; `replies`: the reader task, which checks every reply before using it.
+//!   bytes in flight; `replies`: the reader task, which checks every reply before using it
+//!   (fuzzed: `fuzzing`, `fuzz/`).
 //! - `error`: [`ClientError`]; an `Errno` fails one request, anything else the connection.
 //!
 //! The wire format is nbd-server's `protocol` module (pure codecs); this crate knows
@@ -24,6 +25,8 @@
 mod address;
 mod client;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod replies;
 mod tls;

@@ -1,11 +1,17 @@
 //! The reader task: replies in any order, each checked before a byte of it is used.
 //!
-//! Every reply must name a request in flight; a READ's data chunks must lie inside the
-//! request without overlapping, and together with holes cover it exactly before DONE, so a
-//! READ returns only bytes the server sent for those offsets: an error is better than a
-//! wrong byte. Lengths are bounded before anything is read (a data chunk by its request, an
-//! error chunk by the spec's 4 KiB message). Anything else is a protocol violation, which
-//! ends the connection (every request in flight fails).
+//! Every field is checked, with checked arithmetic, against the request it answers and the
+//! spec: the magic; the cookie (a request in flight); a structured chunk's flags (DONE only),
+//! type and length (NONE: empty and DONE; OFFSET_HOLE: 12 bytes; OFFSET_DATA: at most the
+//! request's length; an error chunk: at most the spec's 4 KiB message); offsets and lengths
+//! (inside the request, no overlap, no wrap past 2^64); error chunks (a non-zero errno, an
+//! ERROR_OFFSET inside the request); and a READ must be covered exactly by data and holes
+//! before DONE. So a READ returns only bytes the server sent for those offsets: an error is
+//! better than a wrong byte. Lengths are bounded before anything is read. Anything else is a
+//! protocol violation, which ends the connection (every request in flight fails with
+//! [`ClientError::Protocol`]); chunks in any order are not: the spec allows them.
+//!
+//! [`ClientError::Protocol`]: crate::ClientError::Protocol
 
 use std::sync::Arc;
 
@@ -14,14 +20,17 @@ use nbd_server::protocol::consts::{SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, r
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
-use crate::client::Shared;
+use crate::client::{Closed, Shared};
 use crate::error::{ClientError, Result};
 
 /// Largest error chunk accepted: errno, message length, a 4 KiB message, an offset.
-const MAX_ERROR_CHUNK_BYTES: u32 = 4 + 2 + 4096 + 8;
+pub(crate) const MAX_ERROR_CHUNK_BYTES: u32 = 4 + 2 + 4096 + 8;
 
 /// A READ's data so far, and the ranges of it received (relative to the request).
 type ReadSoFar = (Vec<u8>, Vec<(u32, u32)>);
+
+/// What a request's waiter receives: a READ's data, `None` for other commands.
+pub(crate) type ReplyResult = Result<Option<Vec<u8>>>;
 
 /// A request waiting for its reply.
 pub(crate) struct Waiter {
@@ -30,9 +39,12 @@ pub(crate) struct Waiter {
     len: u32,
     read: Option<ReadSoFar>,
     error: Option<(u32, String)>,
-    tx: oneshot::Sender<Result<Option<Vec<u8>>>>,
-    _permit: OwnedSemaphorePermit,
+    tx: oneshot::Sender<ReplyResult>,
+    _permit: Option<OwnedSemaphorePermit>,
 }
+
+/// Why a reply cannot be used: the connection ends with this.
+type Violation = String;
 
 impl Waiter {
     pub(crate) fn new(
@@ -40,8 +52,8 @@ impl Waiter {
         offset: u64,
         len: u32,
         is_read: bool,
-        tx: oneshot::Sender<Result<Option<Vec<u8>>>>,
-        permit: OwnedSemaphorePermit,
+        tx: oneshot::Sender<ReplyResult>,
+        permit: Option<OwnedSemaphorePermit>,
     ) -> Self {
         let read = is_read.then(|| (vec![0u8; len as usize], Vec::new()));
         Self { command, offset, len, read, error: None, tx, _permit: permit }
@@ -51,17 +63,34 @@ impl Waiter {
         let _ = self.tx.send(Err(e));
     }
 
-    /// Records `[at, at + n)` (relative to the request) as received; overlaps are violations.
-    fn cover(&mut self, at: u32, n: u32) -> std::result::Result<(), String> {
+    /// `offset..offset + n` (absolute) as a range of this READ, which it must lie in without
+    /// overlapping what was received before; recorded as received.
+    fn cover(&mut self, offset: u64, n: u32) -> std::result::Result<std::ops::Range<usize>, Violation> {
+        let outside =
+            || format!("a chunk at {offset}+{n} outside the {} at {}+{}", self.command, self.offset, self.len);
         let Some((_, ranges)) = &mut self.read else { return Err(format!("data for a {}", self.command)) };
-        if ranges.iter().any(|&(a, b)| at < b && a < at + n) {
-            return Err(format!("overlapping data at {}+{n}", self.offset + u64::from(at)));
+        let at = offset.checked_sub(self.offset).ok_or_else(outside)?;
+        let end = at.checked_add(u64::from(n)).filter(|&e| e <= u64::from(self.len)).ok_or_else(outside)?;
+        let (at, end) = (at as u32, end as u32); // both <= self.len, a u32
+        if ranges.iter().any(|&(a, b)| at < b && a < end) {
+            return Err(format!("overlapping data at {offset}+{n}"));
         }
-        ranges.push((at, at + n));
+        ranges.push((at, end));
+        Ok(at as usize..end as usize)
+    }
+
+    /// A violation if the reply is complete but a READ is not covered exactly.
+    fn check_complete(&self) -> std::result::Result<(), Violation> {
+        let Some((_, ranges)) = &self.read else { return Ok(()) };
+        let covered: u64 = ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
+        if self.error.is_none() && covered != u64::from(self.len) {
+            return Err(format!("READ at {}+{} answered with {covered} bytes", self.offset, self.len));
+        }
         Ok(())
     }
 
-    fn finish(self, address: &str) -> std::result::Result<(), String> {
+    /// Answers the request (after [`check_complete`](Self::check_complete)).
+    fn finish(self, address: &str) {
         let result = match (self.error, self.read) {
             (Some((errno, message)), _) => Err(ClientError::Errno {
                 address: address.to_string(),
@@ -71,76 +100,94 @@ impl Waiter {
                 errno,
                 message,
             }),
-            (None, Some((data, ranges))) => {
-                let covered: u64 = ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
-                if covered != u64::from(self.len) {
-                    return Err(format!("READ at {}+{} answered with {covered} bytes", self.offset, self.len));
-                }
-                Ok(Some(data))
-            }
+            (None, Some((data, _))) => Ok(Some(data)),
             (None, None) => Ok(None),
         };
         let _ = self.tx.send(result);
-        Ok(())
     }
 }
 
 /// Reads replies until the connection ends, then fails whatever is still waiting.
 pub(crate) async fn read_replies<R: AsyncRead + Unpin>(mut reader: R, shared: Arc<Shared>, structured: bool) {
-    let why = match reply_loop(&mut reader, &shared, structured).await {
-        Ok(()) => "the server closed the connection".to_string(),
-        Err(why) => why,
+    let closed = match reply_loop(&mut reader, &shared, structured).await {
+        Ok(()) => Closed::lost("the server closed the connection"),
+        Err(Ended::Io(e)) => Closed::lost(format!("reading replies: {e}")),
+        Err(Ended::Violation(what)) => Closed::violation(what),
     };
-    shared.close(why);
+    shared.close(closed);
 }
 
-/// `Ok(())` on a clean EOF between replies; `Err(why)` otherwise.
-async fn reply_loop<R: AsyncRead + Unpin>(
+/// How the reply stream ended, other than a clean EOF between replies.
+pub(crate) enum Ended {
+    Io(std::io::Error),
+    Violation(Violation),
+}
+
+impl From<Violation> for Ended {
+    fn from(what: Violation) -> Self {
+        Ended::Violation(what)
+    }
+}
+
+impl From<std::io::Error> for Ended {
+    fn from(e: std::io::Error) -> Self {
+        Ended::Io(e)
+    }
+}
+
+/// `Ok(())` on a clean EOF between replies; how it ended otherwise.
+pub(crate) async fn reply_loop<R: AsyncRead + Unpin>(
     reader: &mut R,
     shared: &Shared,
     structured: bool,
-) -> std::result::Result<(), String> {
-    let io = |e: std::io::Error| format!("reading replies: {e}");
+) -> std::result::Result<(), Ended> {
     loop {
         let mut magic = [0u8; 4];
         match reader.read_exact(&mut magic).await {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(io(e)),
+            Err(e) => return Err(e.into()),
         }
         match u32::from_be_bytes(magic) {
             SIMPLE_REPLY_MAGIC => {
                 let mut rest = [0u8; 12];
-                reader.read_exact(&mut rest).await.map_err(io)?;
+                reader.read_exact(&mut rest).await?;
                 let errno = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes"));
                 let cookie = u64::from_be_bytes(rest[4..].try_into().expect("8 bytes"));
                 let mut waiter = take(shared, cookie)?;
+                if structured && waiter.read.is_some() {
+                    // The spec: never a simple reply to a READ, not even an error.
+                    put_back(shared, cookie, waiter);
+                    return Err(format!("a simple reply to a READ (cookie {cookie}) after structured replies").into());
+                }
                 if errno != 0 {
                     waiter.error = Some((errno, String::new()));
                 } else if let Some((data, ranges)) = &mut waiter.read {
-                    if structured {
-                        return Err(format!("a simple reply to a READ (cookie {cookie}) after structured replies"));
+                    if let Err(e) = reader.read_exact(data).await {
+                        put_back(shared, cookie, waiter);
+                        return Err(e.into());
                     }
-                    reader.read_exact(data).await.map_err(io)?;
                     ranges.push((0, waiter.len));
                 }
-                waiter.finish(&shared.address)?;
+                waiter.finish(&shared.address);
             }
             STRUCTURED_REPLY_MAGIC if structured => {
                 let mut rest = [0u8; 16];
-                reader.read_exact(&mut rest).await.map_err(io)?;
+                reader.read_exact(&mut rest).await?;
                 let flags = u16::from_be_bytes(rest[..2].try_into().expect("2 bytes"));
                 let kind = u16::from_be_bytes(rest[2..4].try_into().expect("2 bytes"));
                 let cookie = u64::from_be_bytes(rest[4..12].try_into().expect("8 bytes"));
                 let len = u32::from_be_bytes(rest[12..].try_into().expect("4 bytes"));
                 chunk(reader, shared, flags, kind, cookie, len).await?;
             }
-            other => return Err(format!("bad reply magic {other:#010x}")),
+            STRUCTURED_REPLY_MAGIC => return Err("a structured reply, which was not negotiated".to_string().into()),
+            other => return Err(format!("bad reply magic {other:#010x}").into()),
         }
     }
 }
 
-/// One structured chunk for `cookie`.
+/// One structured chunk for `cookie`. The waiter is taken out while its chunk is read and
+/// put back unless this was its last; on a violation it stays for the close to fail.
 async fn chunk<R: AsyncRead + Unpin>(
     reader: &mut R,
     shared: &Shared,
@@ -148,64 +195,97 @@ async fn chunk<R: AsyncRead + Unpin>(
     kind: u16,
     cookie: u64,
     len: u32,
-) -> std::result::Result<(), String> {
-    let io = |e: std::io::Error| format!("reading replies: {e}");
+) -> std::result::Result<(), Ended> {
+    if flags & !reply_flags::DONE != 0 {
+        return Err(format!("unknown reply flags {flags:#06x}").into());
+    }
     let mut waiter = take(shared, cookie)?;
+    let read = chunk_into(reader, &mut waiter, flags, kind, len).await;
+    let done = flags & reply_flags::DONE != 0;
+    match read.and_then(|()| if done { waiter.check_complete().map_err(Ended::from) } else { Ok(()) }) {
+        Ok(()) if done => waiter.finish(&shared.address),
+        Ok(()) => put_back(shared, cookie, waiter),
+        Err(e) => {
+            put_back(shared, cookie, waiter);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Reads one chunk's payload into `waiter`.
+async fn chunk_into<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    waiter: &mut Waiter,
+    flags: u16,
+    kind: u16,
+    len: u32,
+) -> std::result::Result<(), Ended> {
     match kind {
         reply_type::OFFSET_DATA => {
             let Some(n) = len.checked_sub(8).filter(|&n| n <= waiter.len) else {
-                return Err(format!("OFFSET_DATA chunk of {len} bytes for a {}-byte {}", waiter.len, waiter.command));
+                return Err(
+                    format!("OFFSET_DATA chunk of {len} bytes for a {}-byte {}", waiter.len, waiter.command).into()
+                );
             };
             let mut offset = [0u8; 8];
-            reader.read_exact(&mut offset).await.map_err(io)?;
-            let at = relative(&waiter, u64::from_be_bytes(offset), n)?;
-            waiter.cover(at, n)?;
+            reader.read_exact(&mut offset).await?;
+            let range = waiter.cover(u64::from_be_bytes(offset), n)?;
             let (data, _) = waiter.read.as_mut().expect("covered only for reads");
-            reader.read_exact(&mut data[at as usize..(at + n) as usize]).await.map_err(io)?;
+            reader.read_exact(&mut data[range]).await?;
         }
         reply_type::OFFSET_HOLE => {
             if len != 12 {
-                return Err(format!("OFFSET_HOLE chunk of {len} bytes"));
+                return Err(format!("OFFSET_HOLE chunk of {len} bytes").into());
             }
             let mut payload = [0u8; 12];
-            reader.read_exact(&mut payload).await.map_err(io)?;
+            reader.read_exact(&mut payload).await?;
             let (offset, n) = decode_offset_hole(&payload).map_err(|e| e.to_string())?;
-            let at = relative(&waiter, offset, n)?;
-            waiter.cover(at, n)?;
+            let range = waiter.cover(offset, n)?;
             let (data, _) = waiter.read.as_mut().expect("covered only for reads");
-            data[at as usize..(at + n) as usize].fill(0);
+            data[range].fill(0);
         }
-        reply_type::NONE if len == 0 => {}
+        reply_type::NONE => {
+            if len != 0 || flags & reply_flags::DONE == 0 {
+                return Err(format!("a NONE chunk of {len} bytes, flags {flags:#06x} (must be empty and DONE)").into());
+            }
+        }
         error if error & 0x8000 != 0 => {
             if len > MAX_ERROR_CHUNK_BYTES {
-                return Err(format!("error chunk of {len} bytes"));
+                return Err(format!("error chunk of {len} bytes").into());
             }
             let mut payload = vec![0u8; len as usize];
-            reader.read_exact(&mut payload).await.map_err(io)?;
+            reader.read_exact(&mut payload).await?;
             let with_offset = error == reply_type::ERROR_OFFSET;
-            let (errno, message, _) = if error == reply_type::ERROR || with_offset {
-                decode_error_chunk(&payload, with_offset).map_err(|e| e.to_string())?
+            let (errno, message) = if error == reply_type::ERROR || with_offset {
+                let (errno, message, offset) = decode_error_chunk(&payload, with_offset).map_err(|e| e.to_string())?;
+                let request_end = waiter.offset.saturating_add(u64::from(waiter.len));
+                if let Some(at) = offset.filter(|&at| at < waiter.offset || at >= request_end) {
+                    return Err(format!(
+                        "an error at offset {at}, outside the {} at {}+{}",
+                        waiter.command, waiter.offset, waiter.len
+                    )
+                    .into());
+                }
+                (errno, message)
             } else {
                 // An error type this side does not know: still an error for the request.
-                (nbd_server::protocol::consts::errno::EIO, format!("error chunk type {error}"), None)
+                (nbd_server::protocol::consts::errno::EIO, format!("error chunk type {error:#06x}"))
             };
             if errno == 0 {
-                return Err("an error chunk with errno 0".into());
+                return Err("an error chunk with errno 0".to_string().into());
             }
             waiter.error.get_or_insert((errno, message));
         }
-        other => return Err(format!("unexpected chunk type {other} ({len} bytes) for a {}", waiter.command)),
+        other => {
+            return Err(format!("unknown chunk type {other} ({len} bytes) for a {}", waiter.command).into());
+        }
     }
-    if flags & reply_flags::DONE != 0 {
-        waiter.finish(&shared.address)
-    } else {
-        shared.lock().by_cookie.insert(cookie, waiter);
-        Ok(())
-    }
+    Ok(())
 }
 
 /// The waiter for `cookie` (taken out while its reply is read).
-fn take(shared: &Shared, cookie: u64) -> std::result::Result<Waiter, String> {
+fn take(shared: &Shared, cookie: u64) -> std::result::Result<Waiter, Violation> {
     shared
         .lock()
         .by_cookie
@@ -213,14 +293,6 @@ fn take(shared: &Shared, cookie: u64) -> std::result::Result<Waiter, String> {
         .ok_or_else(|| format!("a reply for cookie {cookie}, which is not in flight"))
 }
 
-/// `offset..offset + n` as a range of the request, which it must lie in.
-fn relative(waiter: &Waiter, offset: u64, n: u32) -> std::result::Result<u32, String> {
-    let inside = offset >= waiter.offset && offset + u64::from(n) <= waiter.offset + u64::from(waiter.len);
-    if waiter.read.is_none() || !inside {
-        return Err(format!(
-            "chunk at {offset}+{n} outside the {} at {}+{}",
-            waiter.command, waiter.offset, waiter.len
-        ));
-    }
-    Ok((offset - waiter.offset) as u32)
+fn put_back(shared: &Shared, cookie: u64, waiter: Waiter) {
+    shared.lock().by_cookie.insert(cookie, waiter);
 }

@@ -263,7 +263,35 @@ async fn a_hostile_server_gets_an_error_never_wrong_bytes() {
     assert!(ok[..1024] == [0u8; 1024] && ok[1024..2048] == [9u8; 1024] && ok[2048..] == [7u8; 2048]);
 
     type Reply = fn(u64, u64, u32) -> Vec<u8>;
-    let cases: [(&str, Reply); 7] = [
+    let cases: [(&str, Reply); 15] = [
+        ("data whose offset plus length passes 2^64", |c, _, l| {
+            data_chunk(reply_flags::DONE, c, u64::MAX - 100, &vec![1u8; l as usize])
+        }),
+        ("a hole whose offset plus length passes 2^64", |c, _, _| {
+            let mut hole = (u64::MAX - 100).to_be_bytes().to_vec();
+            hole.extend_from_slice(&4096u32.to_be_bytes());
+            chunk(reply_flags::DONE, reply_type::OFFSET_HOLE, c, &hole)
+        }),
+        ("a hole before the request", |c, o, l| {
+            let mut hole = (o - 512).to_be_bytes().to_vec();
+            hole.extend_from_slice(&l.to_be_bytes());
+            chunk(reply_flags::DONE, reply_type::OFFSET_HOLE, c, &hole)
+        }),
+        ("unknown reply flags", |c, o, l| data_chunk(reply_flags::DONE | 0x4, c, o, &vec![1u8; l as usize])),
+        ("an unknown chunk type", |c, _, _| chunk(reply_flags::DONE, 77, c, &[0u8; 16])),
+        ("a NONE chunk with a payload", |c, _, _| chunk(reply_flags::DONE, reply_type::NONE, c, &[0u8; 8])),
+        ("an error chunk at an offset outside the request", |c, o, _| {
+            let mut payload = 5u32.to_be_bytes().to_vec();
+            payload.extend_from_slice(&0u16.to_be_bytes());
+            payload.extend_from_slice(&(o + 1_000_000).to_be_bytes());
+            chunk(reply_flags::DONE, reply_type::ERROR_OFFSET, c, &payload)
+        }),
+        ("a simple error reply to a READ after structured replies", |c, _, _| {
+            let mut r = nbd_server::protocol::consts::SIMPLE_REPLY_MAGIC.to_be_bytes().to_vec();
+            r.extend_from_slice(&5u32.to_be_bytes());
+            r.extend_from_slice(&c.to_be_bytes());
+            r
+        }),
         ("data outside the request", |c, o, l| data_chunk(reply_flags::DONE, c, o + u64::from(l), &[1u8; 512])),
         ("data overlapping earlier data", |c, o, l| {
             let mut r = data_chunk(0, c, o, &vec![1u8; l as usize]);
@@ -288,7 +316,11 @@ async fn a_hostile_server_gets_an_error_never_wrong_bytes() {
     ];
     for (what, reply) in cases {
         let result = hostile(reply).await;
-        assert!(result.is_err(), "{what}: the READ must fail, got {} bytes", result.map(|d| d.len()).unwrap_or(0));
+        assert!(
+            matches!(result, Err(ClientError::Protocol { .. })),
+            "{what}: the READ must fail with a protocol violation, got {:?}",
+            result.map(|d| d.len())
+        );
     }
     // An error chunk fails the READ with the server's errno, and only that request.
     let err = hostile(|c, o, _| {

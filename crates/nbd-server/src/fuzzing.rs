@@ -34,11 +34,18 @@ use crate::protocol::request::{
     ExportLimits, REQUEST_HEADER_LEN, Request, decode_request_header, payload_len, validate_request,
 };
 
-/// Client bytes from a slice, in pieces of at most `piece` bytes; writes are collected.
-struct ScriptedStream<'a> {
+/// Peer bytes from a slice, in pieces of at most `piece` bytes; writes are collected.
+/// (Also the nbd-client fuzz target's server.)
+pub struct ScriptedStream<'a> {
     input: &'a [u8],
     piece: usize,
-    output: Vec<u8>,
+    pub output: Vec<u8>,
+}
+
+impl<'a> ScriptedStream<'a> {
+    pub fn new(input: &'a [u8], piece: usize) -> Self {
+        Self { input, piece: piece.max(1), output: Vec::new() }
+    }
 }
 
 impl AsyncRead for ScriptedStream<'_> {
@@ -67,7 +74,7 @@ impl AsyncWrite for ScriptedStream<'_> {
 }
 
 /// Polls a future that never waits for anything external to completion.
-fn run_to_completion<F: Future>(future: F) -> F::Output {
+pub fn run_to_completion<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     let mut cx = Context::from_waker(Waker::noop());
     for _ in 0..1_000_000 {
@@ -91,7 +98,7 @@ fn exports() -> &'static [Export] {
 /// Runs the handshake on `input` (first byte: read piece size).
 pub fn handshake(input: &[u8]) {
     let Some((&piece, client_bytes)) = input.split_first() else { return };
-    let mut stream = ScriptedStream { input: client_bytes, piece: usize::from(piece % 64) + 1, output: Vec::new() };
+    let mut stream = ScriptedStream::new(client_bytes, usize::from(piece % 64) + 1);
     let mut buf = BytesMut::new();
     let shutdown = CancellationToken::new();
     // The piece byte's top bit picks a server that requires TLS, to reach those refusals too.

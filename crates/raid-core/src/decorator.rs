@@ -200,6 +200,10 @@ impl<M: Member, D: Decoration> Member for Decorated<M, D> {
         let op = MemberOp { kind: OpKind::WriteZeroes, offset_bytes, len_bytes };
         self.run(op, move || self.inner.write_zeroes(offset_bytes, len_bytes))
     }
+
+    fn retire(&self, why: &str) {
+        self.inner.retire(why)
+    }
 }
 
 #[cfg(test)]

@@ -96,6 +96,13 @@ pub trait Member: Send + Sync {
 
     /// Zeroes the range, keeping it allocated.
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>>;
+
+    /// The array no longer uses this member (`why`: it failed, or was removed): let go of
+    /// what it holds open for I/O (a remote member's connections). No I/O follows. Nothing
+    /// by default.
+    fn retire(&self, why: &str) {
+        let _ = why;
+    }
 }
 
 impl<M: Member + ?Sized> Member for Arc<M> {
@@ -131,6 +138,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     }
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
         (**self).write_zeroes(offset_bytes, len_bytes)
+    }
+    fn retire(&self, why: &str) {
+        (**self).retire(why)
     }
 }
 

@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Mutex;
 
+use super::away::{AwayRecord, SaveNeeded};
 use super::{Array, META_LOCK_KEY, StateChange};
 use crate::error::Result;
 use crate::member::Member;
@@ -39,10 +40,11 @@ pub(crate) struct WriteIntent {
     inner: Mutex<Inner>,
 }
 
-/// Chunks with writes in flight; released on drop.
+/// Chunks with writes in flight (bitmap and away record); released on drop.
 pub(crate) struct IntentGuard<'a> {
     intent: Option<&'a WriteIntent>,
     chunks: Range<u64>,
+    away: Option<(&'a AwayRecord, Range<u64>)>,
 }
 
 impl Inner {
@@ -55,6 +57,9 @@ impl Inner {
 
 impl Drop for IntentGuard<'_> {
     fn drop(&mut self) {
+        if let Some((away, chunks)) = self.away.take() {
+            away.end_write(chunks);
+        }
         let Some(intent) = self.intent else { return };
         let mut inner = intent.inner.lock().expect("intent lock");
         for c in self.chunks.clone() {
@@ -112,9 +117,18 @@ impl<M: Member + ?Sized> Array<M> {
         self.intent.as_ref().map(WriteIntent::dirty_chunks)
     }
 
-    /// Marks resync sectors `range` as being written and waits until that is durable.
+    /// Marks resync sectors `range` as being written and waits until that is durable (in
+    /// the bitmap, or in the away record while a member is away).
     pub(crate) async fn intent_begin(&self, range: Range<u64>) -> Result<IntentGuard<'_>> {
-        let Some(intent) = &self.intent else { return Ok(IntentGuard { intent: None, chunks: 0..0 }) };
+        let away = self.away.get().map(|a| (a, a.chunk_range(&range)));
+        let save = away.as_ref().and_then(|(record, chunks)| record.begin_write(chunks.clone()));
+        // From here the guard releases what was taken, also if this future is dropped.
+        let mut guard = IntentGuard { intent: None, chunks: 0..0, away };
+        if let Some(SaveNeeded(need)) = save {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            self.away_save_locked(need).await;
+        }
+        let Some(intent) = &self.intent else { return Ok(guard) };
         let chunks = range.start / intent.chunk_sectors..range.end.div_ceil(intent.chunk_sectors).min(intent.chunks);
         let need = {
             let mut inner = intent.lock();
@@ -131,7 +145,8 @@ impl<M: Member + ?Sized> Array<M> {
             }
             (need > inner.persisted).then_some(need)
         };
-        let guard = IntentGuard { intent: Some(intent), chunks };
+        guard.intent = Some(intent);
+        guard.chunks = chunks;
         if let Some(need) = need {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             let (set, generation) = {

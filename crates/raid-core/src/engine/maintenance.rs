@@ -342,7 +342,10 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Starts the tally of a recovery of `role` (and shows it as the current work).
     pub(super) fn begin_recovery(&self, role: usize, from_bitmap: bool) {
-        let dirty_chunks = if from_bitmap { self.dirty_bitmap_chunks().unwrap_or(0) } else { 0 };
+        let dirty_chunks = match from_bitmap {
+            true => self.dirty_bitmap_chunks().or(self.away_status().map(|a| a.chunks_written)).unwrap_or(0),
+            false => 0,
+        };
         let mut m = self.maintenance.lock();
         m.current = Some(MaintenanceWork::Recovery { role });
         m.recovery = Some(RecoveryTally { role, from_bitmap, dirty_chunks, copied_bytes: 0 });
@@ -505,11 +508,9 @@ impl<M: Member + ?Sized> Array<M> {
         let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
         let mut member_sector = start;
         // A bitmap re-add copies whole bitmap chunks only: do not cross their boundaries.
-        let bitmap_chunk = self
-            .intent
-            .as_ref()
+        let bitmap_chunk = Some(())
             .filter(|_| self.members.slots[role].bitmap_recovery.load(Ordering::Acquire))
-            .map(|i| i.chunk_sectors);
+            .and_then(|()| self.intent.as_ref().map(|i| i.chunk_sectors).or(self.away.get().map(|a| a.chunk_sectors)));
         while member_sector < end {
             let mut run = (piece - member_sector % piece).min(end - member_sector);
             if let Some(c) = bitmap_chunk
@@ -700,6 +701,10 @@ impl<M: Member + ?Sized> Array<M> {
     /// the member was away (so it already holds them).
     fn clean_in_bitmap(&self, role: usize, range: std::ops::Range<u64>) -> bool {
         self.members.slots[role].bitmap_recovery.load(Ordering::Acquire)
-            && self.intent.as_ref().is_some_and(|intent| !intent.any_set(range))
+            && match (&self.intent, self.away.get()) {
+                (Some(intent), _) => !intent.any_set(range),
+                (None, Some(away)) => away.since_events().is_some() && !away.any_written(range),
+                (None, None) => false,
+            }
     }
 }

@@ -116,7 +116,7 @@ impl<M: Member + ?Sized> Array<M> {
                 format!("failing role {role} would leave {} without its data", self.geometry.level()),
             ));
         }
-        self.mark_faulty(role).await;
+        self.mark_faulty(role, "failed by the administrator").await;
         Ok(())
     }
 
@@ -129,19 +129,22 @@ impl<M: Member + ?Sized> Array<M> {
             return;
         }
         tracing::error!(member = name, role, %error, "{what} failed: member marked faulty, array degraded");
-        self.mark_faulty(role).await;
+        self.mark_faulty(role, &format!("{what} failed: {error}")).await;
         self.maintenance.wake();
     }
 
-    /// Marks the device of `role` faulty and records it durably. If a replacement was
-    /// being built for the role, it takes over as a recovering member.
-    pub(super) async fn mark_faulty(&self, role: usize) {
+    /// Marks the device of `role` faulty (`why`) and records it durably. If a replacement
+    /// was being built for the role, it takes over as a recovering member.
+    pub(super) async fn mark_faulty(&self, role: usize, why: &str) {
         let slot = &self.members.slots[role];
         if !slot.set_faulty() {
             return;
         }
+        // Writes that skip the device from now on are recorded (arrays without a bitmap).
+        self.away_begin(None);
         let _g = self.locks.lock(META_LOCK_KEY).await;
         if let Some(device) = slot.device() {
+            device.member.retire(why);
             self.persist_locked(StateChange::Faulty { device: device.id }).await;
         }
         if let Some(replacement) = slot.replacement() {
@@ -171,6 +174,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         slot.set_replacement(None);
         tracing::error!(role, member = replacement.device.member.name(), %error, "replacement failed and was dropped");
+        replacement.device.member.retire(&format!("failed as a replacement: {error}"));
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.persist_locked(StateChange::Faulty { device: replacement.device.id }).await;
     }
@@ -185,6 +189,17 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Like `persist_locked`, but reports a change the store refuses.
     pub(super) async fn try_persist_locked(&self, change: StateChange) -> Result<()> {
+        let bumps_events = !matches!(change, StateChange::Bitmap { .. });
+        self.persist_changes_locked(change).await?;
+        if bumps_events {
+            self.away_after_persist_locked().await;
+        }
+        Ok(())
+    }
+
+    /// Applies `change` to the store and writes the images (and, for members that fail
+    /// while doing so, their `Faulty` changes).
+    pub(super) async fn persist_changes_locked(&self, change: StateChange) -> Result<()> {
         let Some(store) = &self.metadata else { return Ok(()) };
         if self.is_read_only() {
             tracing::debug!(?change, "read-only array: state change not recorded");
@@ -193,7 +208,10 @@ impl<M: Member + ?Sized> Array<M> {
         let mut pending = vec![change];
         let mut first = true;
         while let Some(change) = pending.pop() {
-            let applied = store.lock().expect("metadata lock").apply(&change);
+            let (events_before, applied) = {
+                let mut store = store.lock().expect("metadata lock");
+                (store.summary().events, store.apply(&change))
+            };
             let writes = match applied {
                 Ok(w) => w,
                 Err(e) if first => return Err(e),
@@ -233,8 +251,12 @@ impl<M: Member + ?Sized> Array<M> {
                         continue;
                     }
                     tracing::error!(device, error = %e, "superblock write failed: device marked faulty");
+                    if let Some(d) = self.members.device_by_id(device) {
+                        d.member.retire(&format!("superblock write failed: {e}"));
+                    }
                     match self.members.role_of_device(device) {
                         Some(role) if self.members.slots[role].set_faulty() => {
+                            self.away_begin(Some(events_before));
                             pending.push(StateChange::Faulty { device })
                         }
                         Some(_) => {}
@@ -269,16 +291,21 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Brings a member that left `role` back (md's re-add). The caller checked it belongs to
-    /// this array and that the bitmap covers the time it was away (its events are at least
-    /// the bitmap's events_cleared): only chunks written meanwhile are copied.
+    /// this array and that the bitmap (its events are at least the bitmap's events_cleared)
+    /// or the away record (at least [`Array::away_since_events`]) covers the time it was
+    /// away: only chunks written meanwhile are copied.
     pub async fn re_add(&self, role: usize, member: Arc<M>) -> Result<()> {
         self.check_writable("re add")?;
         let slot = self.members.role(role)?;
         if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
             return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
         }
-        if self.intent.is_none() {
-            return Err(RaidError::new(ErrorKind::Refused, "the array has no write-intent bitmap: add it as a spare"));
+        if self.intent.is_none() && self.away_since_events().is_none() {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                "the array has no write-intent bitmap and no record of what was written while the member was \
+                 away: add it as a spare",
+            ));
         }
         let _g = self.locks.lock(META_LOCK_KEY).await;
         // The failed device (often this very member) leaves the role first.
@@ -340,9 +367,23 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(Device { id, member, data_offset_bytes })
     }
 
-    /// Adds a device as a spare; a degraded array starts rebuilding onto it.
+    /// Adds a device as a spare; a degraded array starts rebuilding onto it. A failed
+    /// member's own address leaves its role first and is rebuilt whole.
     pub async fn add_spare(&self, member: Arc<M>) -> Result<usize> {
         self.check_writable("add spare")?;
+        let failed_slot = self
+            .members
+            .slots
+            .iter()
+            .find(|s| s.state() == SlotState::Faulty && s.name().as_deref() == Some(member.name()));
+        if let Some(slot) = failed_slot {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            if let Some(old) = slot.take_device() {
+                tracing::info!(member = member.name(), "a failed member added again: it is rebuilt as a new device");
+                old.member.retire("added again: it is rebuilt as a new device");
+                self.persist_locked(StateChange::Remove { device: old.id }).await;
+            }
+        }
         let device = self.new_device(member).await?;
         let id = device.id;
         {
@@ -396,6 +437,7 @@ impl<M: Member + ?Sized> Array<M> {
             spares.iter().position(|d| d.member.name() == name).map(|i| spares.remove(i))
         };
         if let Some(spare) = spare {
+            spare.member.retire("removed from the array");
             self.persist_locked(StateChange::Remove { device: spare.id }).await;
             return Ok(());
         }
@@ -407,6 +449,7 @@ impl<M: Member + ?Sized> Array<M> {
                 return Err(RaidError::new(ErrorKind::Refused, format!("{name} is active: fail it first")));
             }
             if let Some(old) = slot.take_device() {
+                old.member.retire("removed from the array");
                 self.persist_locked(StateChange::Remove { device: old.id }).await;
             }
             return Ok(());

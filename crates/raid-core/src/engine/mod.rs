@@ -27,6 +27,7 @@
 //! - `flush` makes every completed write durable on every live member; a write with
 //!   `fua` is durable (data and parity) when it completes.
 
+mod away;
 mod bad_blocks;
 mod gather;
 mod intent;
@@ -52,6 +53,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures::future::join_all;
 
+pub use away::{AwayImage, AwayStart, AwayStatus, AwayStore};
 pub use gather::Timer;
 pub use journal::{JournalConfig, JournalReport, JournalStats, MIN_JOURNAL_BYTES};
 pub use lock_table::{LockGuard, LockTable};
@@ -122,6 +124,8 @@ pub struct Array<M: Member + ?Sized> {
     client_io_bytes: AtomicU64,
     /// The write-intent bitmap, when the array has one.
     intent: Option<intent::WriteIntent>,
+    /// What was written while a member was away, without a bitmap (away.rs).
+    away: std::sync::OnceLock<away::AwayRecord>,
     /// Nothing is written to the members: no data, no metadata, no background work.
     read_only: AtomicBool,
     /// Writes in flight, and the stop that waits for them (quiesce.rs).
@@ -192,6 +196,7 @@ impl<M: Member + ?Sized> Array<M> {
             maintenance: maintenance::MaintenanceState::new(dirty),
             client_io_bytes: AtomicU64::new(0),
             intent: None,
+            away: std::sync::OnceLock::new(),
             read_only: AtomicBool::new(false),
             quiesce: quiesce::Quiesce::default(),
             gather: std::sync::OnceLock::new(),
@@ -374,6 +379,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Flushes every live member and replacement.
     async fn flush_members(&self) -> Result<()> {
         let flush_number = self.parity_log.as_ref().map(parity_log::ParityLog::flush_started);
+        let away_epoch = self.away.get().map(away::AwayRecord::flush_started);
         let live: Vec<usize> = (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
         let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> =
             (0..self.members.slots.len()).filter_map(|r| self.members.slots[r].replacement().map(|x| (r, x))).collect();
@@ -394,6 +400,9 @@ impl<M: Member + ?Sized> Array<M> {
         self.check_survives("flush")?;
         if let (Some(log), Some(n)) = (&self.parity_log, flush_number) {
             log.flush_done(n);
+        }
+        if let (Some(away), Some(epoch)) = (self.away.get(), away_epoch) {
+            away.flush_done(epoch);
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
-//! Durations as people type them for benchmarks (`10s`, `500ms`, `2m`, `1.5s`, bare
-//! seconds) and as the progress line shows them (`4m05s`).
+//! Durations as people type them (`10s`, `500ms`, `2m`, `1.5s`, bare seconds: every timeout
+//! flag and config key, and the benchmark's) and as the progress line shows them (`4m05s`).
 
 use std::time::Duration;
 
@@ -39,6 +39,39 @@ pub fn fio_time(d: Duration) -> String {
     format!("{}ms", d.as_millis())
 }
 
+/// A duration in the config file: a number of seconds (`30`) or text (`"500ms"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "DurationValue")]
+pub struct ConfigDuration(pub Duration);
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum DurationValue {
+    Seconds(u64),
+    Text(String),
+}
+
+impl TryFrom<DurationValue> for ConfigDuration {
+    type Error = String;
+    fn try_from(value: DurationValue) -> Result<Self, String> {
+        match value {
+            DurationValue::Seconds(s) => Ok(ConfigDuration(Duration::from_secs(s))),
+            DurationValue::Text(t) => parse_duration(&t).map(ConfigDuration),
+        }
+    }
+}
+
+/// A duration as the flags and messages show it: `30s`, `500ms`, `1.5s`.
+pub fn format_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 {
+        format!("{}s", d.as_secs())
+    } else if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,6 +88,22 @@ mod tests {
         assert!(parse_duration("10x").is_err());
         assert!(parse_duration("1.2.3s").is_err());
         assert!(parse_duration("99999999h").is_err());
+    }
+
+    #[test]
+    fn config_durations_take_seconds_or_text() {
+        #[derive(serde::Deserialize)]
+        struct K {
+            t: ConfigDuration,
+        }
+        let t = |text: &str| toml::from_str::<K>(text).map(|k| k.t.0).map_err(|e| e.to_string());
+        assert_eq!(t("t = 30"), Ok(Duration::from_secs(30)));
+        assert_eq!(t("t = \"500ms\""), Ok(Duration::from_millis(500)));
+        assert_eq!(t("t = \"2m\""), Ok(Duration::from_secs(120)));
+        assert!(t("t = \"soon\"").unwrap_err().contains("invalid duration"));
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_millis(500)), "500ms");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
     }
 
     #[test]

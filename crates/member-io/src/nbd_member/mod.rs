@@ -11,39 +11,50 @@
 //! another's writes, and a FLUSH on one covers what completed on all), requests go round N
 //! connections; without CAN_MULTI_CONN one is used (with a warning).
 //!
-//! A network blip is not a failed member. A request whose connection drops, or that gets no
-//! answer for the member timeout (a server stopped or cut off), is re-sent on a new
-//! connection, reconnecting with backoff for up to the member timeout from the first failure
-//! (the engine holds the stripe lock of a write meanwhile, so a re-sent write races nothing).
-//! Only then is the error returned and the member failed. One thing a new connection cannot
-//! vouch for: writes the old one acknowledged but no FLUSH covered yet (a server with a
-//! write cache may have lost them with the connection), so a connection lost with such writes
-//! fails the member at once; the bitmap then knows what to resync. And a server that comes
-//! back must hold the same member: its md superblock area (4 KiB at 4 KiB, which every
-//! superblock write goes through this member to) must read as this member last wrote or read
-//! it (or as a superblock write in flight would leave it); a server restarted empty or with
-//! another disk fails the member instead of serving its zeros.
+//! Every wait is bounded. Opening the member (connect, TLS, option haggling, the identity
+//! read, more connections) must finish within the member timeout; so must every request.
+//! A network blip is not a failed member: a request whose connection drops, that gets no
+//! answer in time (a server stopped, cut off or stalled), or whose reply breaks the protocol
+//! is re-sent on a new connection, reconnecting with backoff (`backoff.rs`: exponential, with
+//! jitter, kept across reconnects until a connection answers a request) for up to the member
+//! timeout from the first failure (the engine holds the stripe lock of a write meanwhile, so
+//! a re-sent write races nothing). Only then is the error returned and the member failed.
+//!
+//! What fails a member at once: writes the old connection acknowledged but no FLUSH covered
+//! yet (a server with a write cache may have lost them with the connection); a server that
+//! comes back as another disk (`identity.rs`); [`MAX_VIOLATIONS`] protocol violations within
+//! [`VIOLATION_WINDOW`] (nothing it sends is trusted). An error the server answered (its
+//! disk failed) is returned as is. Warnings about one member are rate-limited
+//! (`log_limit.rs`); what went wrong last, and of which kind, is in its [`LinkStats`].
 
+mod backoff;
+mod identity;
+mod log_limit;
+
+use std::collections::VecDeque;
 use std::io;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use nbd_client::{Client, ClientConfig, ClientError, ExportAddress};
 use raid_core::AlignedBuf;
-use raid_core::md::{SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES};
 use raid_core::member::{BufResult, IoFuture, Member, check_range};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use self::backoff::Backoff;
+use self::identity::{Identity, read_identity};
+use self::log_limit::LogLimit;
 use crate::error::Result;
-use crate::link_stats::{LinkState, LinkStats};
+use crate::link_stats::{LinkErrorKind, LinkState, LinkStats};
 
 /// Zero writes (export without WRITE_ZEROES) go out in pieces of at most this many bytes.
 const ZERO_PIECE_BYTES: u64 = 1 << 20;
-/// First and longest wait between reconnection attempts.
-const BACKOFF_FIRST: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// This many protocol violations within [`VIOLATION_WINDOW`] fail the member.
+pub const MAX_VIOLATIONS: usize = 3;
+pub const VIOLATION_WINDOW: Duration = Duration::from_secs(600);
 
 pub struct NbdMember {
     name: String,
@@ -64,17 +75,14 @@ pub struct NbdMember {
     reconnecting: tokio::sync::Mutex<()>,
     link: Arc<LinkStats>,
     identity: Mutex<Identity>,
+    backoff: Mutex<Backoff>,
+    /// A request was answered since the last reconnect (cheap to set on every answer).
+    answered: AtomicBool,
+    /// When recent protocol violations happened, and on which connection generation the
+    /// last one was counted (one broken reply fails every request of its connection).
+    violations: Mutex<(VecDeque<Instant>, Option<u64>)>,
+    log: Mutex<LogLimit>,
 }
-
-/// The member's superblock area as last seen, to recognise the member after a reconnect.
-#[derive(Default)]
-struct Identity {
-    acked: Option<Vec<u8>>,
-    /// A write of the area in flight.
-    pending: Option<Vec<u8>>,
-}
-
-const IDENTITY: std::ops::Range<u64> = SUPERBLOCK_BYTE_OFFSET..SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64;
 
 /// The current connections and what they hold that new ones could not vouch for.
 struct Connection {
@@ -90,21 +98,62 @@ struct Connection {
     failed: Option<String>,
 }
 
+/// The kind of a client error, for the link's last error.
+fn kind_of(e: &ClientError) -> LinkErrorKind {
+    match e {
+        ClientError::Timeout { .. } => LinkErrorKind::Timeout,
+        ClientError::Protocol { .. } => LinkErrorKind::ProtocolViolation,
+        ClientError::Errno { .. } => LinkErrorKind::IoError,
+        ClientError::Refused { .. } | ClientError::Tls { .. } => LinkErrorKind::Refused,
+        _ => LinkErrorKind::ConnectionLost,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl NbdMember {
-    /// Connects to the export at `uri`; a lost connection is retried for `member_timeout`.
+    /// Connects to the export at `uri` within `member_timeout` (connect, handshake, identity
+    /// read, every connection); later, a lost connection is retried for `member_timeout`.
     /// What the connection goes through is counted in `link` (shared by every member opened
     /// for this URI).
     pub async fn connect(uri: &str, member_timeout: Duration, link: Arc<LinkStats>) -> Result<Self> {
         let address = ExportAddress::parse(uri)?;
+        let opened = tokio::time::timeout(member_timeout, Self::open(uri, &address, member_timeout)).await;
+        let error = match opened {
+            Ok(Ok(member)) => {
+                let member = Self { link, ..member };
+                member.link.set_state(LinkState::Connected);
+                return Ok(member);
+            }
+            Ok(Err(e)) => e,
+            Err(_) => ClientError::Timeout {
+                address: uri.to_string(),
+                what: format!("the member was not open within {member_timeout:?} (connect, handshake, identity)"),
+            },
+        };
+        link.record_error(kind_of(&error), error.to_string());
+        if link.state().is_up() || matches!(link.state(), LinkState::Lost(_)) {
+            link.set_state(LinkState::Lost(format!("cannot connect: {error}")));
+        }
+        Err(error.into())
+    }
+
+    /// The connections and what they say, without a time limit (the caller sets one).
+    async fn open(
+        uri: &str,
+        address: &ExportAddress,
+        member_timeout: Duration,
+    ) -> std::result::Result<Self, ClientError> {
         let config = client_config(member_timeout);
-        let client = Client::connect(&address, &config).await?;
+        let client = Client::connect(address, &config).await?;
         let d = *client.details();
         if d.min_block_bytes > 4096 {
             return Err(ClientError::Invalid {
                 address: uri.to_string(),
                 what: format!("a minimum block of {} bytes (members take at most 4096)", d.min_block_bytes),
-            }
-            .into());
+            });
         }
         let alignment = d.min_block_bytes as usize;
         let piece_bytes = u64::from(d.max_payload_bytes).min(32 << 20) / alignment as u64 * alignment as u64;
@@ -116,7 +165,7 @@ impl NbdMember {
             read_only = d.read_only(),
             "NBD member connected"
         );
-        let identity = Identity { acked: read_identity(&client, d.size_bytes).await?, pending: None };
+        let identity = Identity::new(read_identity(&client, d.size_bytes).await?);
         let connections = if address.connections > 1 && !d.can_multi_conn() {
             warn!(
                 member = uri,
@@ -126,12 +175,11 @@ impl NbdMember {
         } else {
             address.connections as usize
         };
-        let clients = more_connections(&address, &config, client, connections).await?;
-        link.set_state(LinkState::Connected);
+        let clients = more_connections(address, &config, client, connections).await?;
         Ok(Self {
             identity: Mutex::new(identity),
             name: uri.to_string(),
-            address,
+            address: address.clone(),
             len_bytes: d.size_bytes,
             alignment,
             piece_bytes: piece_bytes.max(alignment as u64),
@@ -149,7 +197,11 @@ impl NbdMember {
                 failed: None,
             }),
             reconnecting: tokio::sync::Mutex::new(()),
-            link,
+            link: Arc::default(),
+            backoff: Mutex::default(),
+            answered: AtomicBool::new(false),
+            violations: Mutex::default(),
+            log: Mutex::default(),
         })
     }
 
@@ -168,16 +220,52 @@ impl NbdMember {
         let why = state.reason().unwrap_or("failed").to_string();
         warn!(member = %self.name, "{why}: the member fails");
         c.failed = Some(why.clone());
+        for client in &c.clients {
+            client.abandon(&why);
+        }
         self.link.set_state(state);
         io::Error::other(format!("{}: {why}", self.name))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.connection.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        lock(&self.connection)
     }
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(&self.name, self.len_bytes, offset, len)
+    }
+
+    /// A warning about this member, unless too many were logged lately (then counted).
+    fn warn_limited(&self, message: std::fmt::Arguments<'_>) {
+        match lock(&self.log).admit(std::time::Instant::now()) {
+            Some(0) => warn!(member = %self.name, "{message}"),
+            Some(held) => warn!(member = %self.name, "{message} ({held} similar lines held back)"),
+            None => LinkStats::count(&self.link.log_lines_suppressed),
+        }
+    }
+
+    /// Counts a protocol violation of connection `generation` (once per connection; `None`:
+    /// a connection being opened, always counted); the member fails at the
+    /// [`MAX_VIOLATIONS`]th within [`VIOLATION_WINDOW`].
+    fn violation(&self, generation: Option<u64>, what: &str) -> io::Result<()> {
+        let mut v = lock(&self.violations);
+        if generation.is_some() && v.1 == generation {
+            return Ok(());
+        }
+        if generation.is_some() {
+            v.1 = generation;
+        }
+        let now = Instant::now();
+        v.0.retain(|&at| now.duration_since(at) < VIOLATION_WINDOW);
+        v.0.push_back(now);
+        let count = v.0.len();
+        drop(v);
+        self.link.record_error(LinkErrorKind::ProtocolViolation, what);
+        if count >= MAX_VIOLATIONS {
+            let why = format!("{count} protocol violations within {VIOLATION_WINDOW:?}, the last: {what}");
+            return Err(self.give_up(&mut self.lock(), LinkState::Misbehaved(why)));
+        }
+        Ok(())
     }
 
     /// Runs `op` on the current connection, reconnecting and re-sending it while the member
@@ -202,12 +290,30 @@ impl NbdMember {
                 (client, c.generation)
             };
             let why = match tokio::time::timeout(self.member_timeout, op(client.clone())).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(e)) if !e.is_fatal() => return Err(e.into()),
-                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(value)) => {
+                    if !self.answered.load(Ordering::Relaxed) {
+                        self.answered.store(true, Ordering::Relaxed);
+                    }
+                    return Ok(value);
+                }
+                Ok(Err(e)) if !e.is_fatal() => {
+                    if matches!(e, ClientError::Errno { .. }) {
+                        self.link.record_error(LinkErrorKind::IoError, e.to_string());
+                    }
+                    return Err(e.into());
+                }
+                Ok(Err(e)) => {
+                    let why = e.to_string();
+                    match kind_of(&e) {
+                        LinkErrorKind::ProtocolViolation => self.violation(Some(generation), &why)?,
+                        kind => self.link.record_error(kind, why.clone()),
+                    }
+                    why
+                }
                 Err(_) => {
                     LinkStats::count(&self.link.timeouts);
                     let why = format!("no answer within {:?}", self.member_timeout);
+                    self.link.record_error(LinkErrorKind::Timeout, why.clone());
                     client.abandon(&why);
                     why
                 }
@@ -217,8 +323,8 @@ impl NbdMember {
         }
     }
 
-    /// Replaces connection `generation` (unless another task already did), retrying until
-    /// `deadline`.
+    /// Replaces connection `generation` (unless another task already did), retrying with
+    /// backoff until `deadline`.
     async fn reconnect(&self, generation: u64, why: &str, deadline: Instant) -> io::Result<()> {
         let _one = self.reconnecting.lock().await;
         {
@@ -232,71 +338,96 @@ impl NbdMember {
                 let failed = format!("connection lost ({why}) with {unflushed} acknowledged writes not yet flushed");
                 return Err(self.give_up(&mut c, LinkState::Lost(failed)));
             }
+            for old in &c.clients {
+                old.abandon("replaced by a new connection");
+            }
             self.link.set_state(LinkState::Reconnecting);
         }
-        warn!(member = %self.name, "connection lost ({why}); reconnecting for up to {:?}", self.member_timeout);
-        let mut wait = BACKOFF_FIRST;
+        self.warn_limited(format_args!("connection lost ({why}); reconnecting for up to {:?}", self.member_timeout));
+        // A connection that answered requests earns an immediate retry; one that failed
+        // before answering anything (or a first attempt that failed) waits, longer each time.
+        if self.answered.swap(false, Ordering::Relaxed) {
+            lock(&self.backoff).proven();
+        }
+        let mut immediate = lock(&self.backoff).is_fresh();
+        let not_back = |detail: &str| {
+            let failed = format!("connection lost ({why}) and not back within {:?}{detail}", self.member_timeout);
+            self.give_up(&mut self.lock(), LinkState::Lost(failed))
+        };
         let config = client_config(self.member_timeout);
         loop {
+            let wait = lock(&self.backoff).next_wait();
+            if !immediate {
+                if Instant::now() + wait >= deadline {
+                    return Err(not_back(""));
+                }
+                tokio::time::sleep(wait).await;
+            }
+            immediate = false;
             let attempt = async {
                 let first = Client::connect(&self.address, &config).await?;
                 if first.details().size_bytes != self.len_bytes {
-                    return Ok(vec![Arc::new(first)]); // refused below
+                    return Ok(Err(first.details().size_bytes));
                 }
-                more_connections(&self.address, &config, first, self.connections).await
+                let now = read_identity(&first, self.len_bytes).await?;
+                let clients = more_connections(&self.address, &config, first, self.connections).await?;
+                Ok(Ok((clients, now)))
             };
-            let outcome = tokio::time::timeout_at(deadline, attempt).await;
-            match outcome {
-                Ok(Ok(clients)) if clients[0].details().size_bytes == self.len_bytes => {
-                    if let Err(failed) = self.same_member(&clients[0]).await {
-                        return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
-                    }
-                    let mut c = self.lock();
-                    // Requests still waiting on the old connections are re-sent on the new.
-                    for old in &c.clients {
-                        old.abandon("replaced by a new connection");
-                    }
-                    c.clients = clients;
-                    c.generation += 1;
-                    c.acked_writes = 0;
-                    c.flushed_writes = 0;
-                    LinkStats::count(&self.link.reconnects);
-                    self.link.set_state(LinkState::Connected);
-                    let n = LinkStats::get(&self.link.reconnects);
-                    info!(member = %self.name, reconnects = n, "NBD member reconnected; requests re-sent");
-                    return Ok(());
+            let (clients, now) = match tokio::time::timeout_at(deadline, attempt).await {
+                Err(_) => {
+                    let what = "the last attempt to reconnect got no answer in time";
+                    self.link.record_error(LinkErrorKind::Timeout, what);
+                    return Err(not_back(" (the last attempt got no answer)"));
                 }
-                Ok(Ok(clients)) => {
-                    let failed = format!(
-                        "the export came back with {} bytes instead of {}",
-                        clients[0].details().size_bytes,
-                        self.len_bytes
-                    );
+                Ok(Err(e)) => {
+                    match kind_of(&e) {
+                        // A server that breaks the protocol while being reconnected counts
+                        // towards failing it as one that breaks it on a request.
+                        LinkErrorKind::ProtocolViolation => self.violation(None, &e.to_string())?,
+                        // The server is there and answers with an error (its disk failed, as
+                        // a request's error would say): the member fails now.
+                        LinkErrorKind::IoError => {
+                            self.link.record_error(LinkErrorKind::IoError, e.to_string());
+                            let failed = format!("reconnected, but the server answers with an error: {e}");
+                            return Err(self.give_up(&mut self.lock(), LinkState::Failed(failed)));
+                        }
+                        kind => self.link.record_error(kind, e.to_string()),
+                    }
+                    tracing::debug!(member = %self.name, error = %e, "reconnect failed; retrying");
+                    continue;
+                }
+                Ok(Ok(Err(size))) => {
+                    let failed = format!("the export came back with {size} bytes instead of {}", self.len_bytes);
+                    self.link.record_error(LinkErrorKind::IdentityChanged, failed.clone());
                     return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
                 }
-                Ok(Err(e)) if Instant::now() + wait < deadline => {
-                    tracing::debug!(member = %self.name, error = %e, "reconnect failed; retrying in {wait:?}");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(BACKOFF_MAX);
-                }
-                _ => {
-                    let failed = format!("connection lost ({why}) and not back within {:?}", self.member_timeout);
-                    return Err(self.give_up(&mut self.lock(), LinkState::Lost(failed)));
-                }
+                Ok(Ok(Ok(found))) => found,
+            };
+            if let Err(failed) = lock(&self.identity).recognise(now.as_deref()) {
+                self.link.record_error(LinkErrorKind::IdentityChanged, failed.clone());
+                return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
             }
+            let mut c = self.lock();
+            if c.failed.is_some() {
+                // Retired while reconnecting.
+                return Err(io::Error::other(format!("{}: {}", self.name, c.failed.clone().unwrap_or_default())));
+            }
+            // Requests still waiting on the old connections are re-sent on the new.
+            c.clients = clients;
+            c.generation += 1;
+            c.acked_writes = 0;
+            c.flushed_writes = 0;
+            LinkStats::count(&self.link.reconnects);
+            self.link.set_state(LinkState::Connected);
+            let n = LinkStats::get(&self.link.reconnects);
+            drop(c);
+            info!(member = %self.name, reconnects = n, "NBD member reconnected; requests re-sent");
+            return Ok(());
         }
     }
 
     async fn write_piece(&self, offset: u64, piece: Bytes, fua: bool) -> io::Result<()> {
-        let end = offset + piece.len() as u64;
-        let covers_identity = offset <= IDENTITY.start && end >= IDENTITY.end;
-        if covers_identity {
-            let at = (IDENTITY.start - offset) as usize;
-            self.identity().pending = Some(piece[at..at + SUPERBLOCK_BYTES].to_vec());
-        } else if offset < IDENTITY.end && end > IDENTITY.start {
-            // Part of the area: what it holds now is not known here.
-            self.identity().acked = None;
-        }
+        let covers_identity = lock(&self.identity).writing(offset, &piece);
         let native_fua = fua && self.can_fua;
         let mut written = self
             .run(|client| {
@@ -311,29 +442,9 @@ impl NbdMember {
             }
         }
         if covers_identity {
-            let mut identity = self.identity();
-            let pending = identity.pending.take();
-            if written.is_ok() {
-                identity.acked = pending;
-            }
+            lock(&self.identity).written(written.is_ok());
         }
         written
-    }
-
-    fn identity(&self) -> std::sync::MutexGuard<'_, Identity> {
-        self.identity.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the export behind `client` is this member: its superblock area reads as last
-    /// seen here (or as a superblock write in flight left it).
-    async fn same_member(&self, client: &Client) -> std::result::Result<(), String> {
-        let now = read_identity(client, self.len_bytes).await.map_err(|e| format!("cannot read it back: {e}"))?;
-        let identity = self.identity();
-        match (&identity.acked, now) {
-            (Some(known), Some(now)) if *known == now || identity.pending.as_ref() == Some(&now) => Ok(()),
-            (None, _) | (_, None) => Err("the member's superblock area is not known here".into()),
-            _ => Err("the export came back with other contents (its superblock area changed)".into()),
-        }
     }
 
     async fn zero(&self, offset: u64, len: u64, may_deallocate: bool) -> io::Result<()> {
@@ -355,14 +466,6 @@ impl NbdMember {
         }
         Ok(())
     }
-}
-
-/// The superblock area of the export behind `client` (`None` if the export is too small).
-async fn read_identity(client: &Client, len_bytes: u64) -> std::result::Result<Option<Vec<u8>>, ClientError> {
-    if len_bytes < IDENTITY.end {
-        return Ok(None);
-    }
-    Ok(Some(client.read(IDENTITY.start, SUPERBLOCK_BYTES as u32).await?))
 }
 
 /// `first` and `count - 1` more connections to `address` (all or none).
@@ -408,11 +511,7 @@ impl Member for NbdMember {
                 let read = self.run(|client| async move { client.read(offset_bytes + at, n as u32).await }).await;
                 match read {
                     Ok(data) => {
-                        let start = offset_bytes + at;
-                        if start <= IDENTITY.start && start + n >= IDENTITY.end && self.identity().pending.is_none() {
-                            let from = (IDENTITY.start - start) as usize;
-                            self.identity().acked = Some(data[from..from + SUPERBLOCK_BYTES].to_vec());
-                        }
+                        lock(&self.identity).seen(offset_bytes + at, &data);
                         buf.as_mut_slice()[at as usize..(at + n) as usize].copy_from_slice(&data)
                     }
                     Err(e) => return (Err(e), buf),
@@ -471,5 +570,16 @@ impl Member for NbdMember {
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
         Box::pin(self.zero(offset_bytes, len_bytes, false))
+    }
+
+    /// The array failed or removed the member: close the connections; the link says why,
+    /// unless it is down for a reason of its own already (lost, replaced, misbehaved).
+    fn retire(&self, why: &str) {
+        let mut c = self.lock();
+        c.failed.get_or_insert_with(|| why.to_string());
+        for client in &c.clients {
+            client.abandon(why);
+        }
+        self.link.set_state_if_up(LinkState::Failed(why.to_string()));
     }
 }
