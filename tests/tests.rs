@@ -14,6 +14,7 @@ mod journal;
 mod metrics;
 mod misbehaving_members;
 mod remote_members;
+mod restart;
 mod serve_clients;
 mod service;
 mod tls;

@@ -92,7 +92,11 @@ impl Served {
 
     /// Runs `raidnbd ARGS` (ARGS from the listen address on a free port) until it listens.
     pub fn run(dir: &Path, args: impl FnOnce(&str) -> Vec<String>) -> Served {
-        let port = free_port();
+        Self::run_on(dir, free_port(), args)
+    }
+
+    /// [`Served::run`] on `port` (a restart on the port clients know).
+    pub fn run_on(dir: &Path, port: u16, args: impl FnOnce(&str) -> Vec<String>) -> Served {
         let log = dir.join(format!("serve-{port}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(BIN)
