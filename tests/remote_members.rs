@@ -142,6 +142,13 @@ fn wait_status(
     }
 }
 
+/// Polls until a recovery finished and every role is in sync again (within 60 s).
+fn wait_re_added(d: &Path, control: &Path) -> serde_json::Value {
+    wait_status(d, control, Duration::from_secs(60), |s| {
+        s["last_recovery"].is_object() && s["roles"].as_array().unwrap().iter().all(|r| r["state"] == "in_sync")
+    })
+}
+
 fn role_state(status: &serde_json::Value, member: &str) -> String {
     let roles = status["roles"].as_array().unwrap();
     roles.iter().find(|r| r["member"] == member).map_or("none".into(), |r| r["state"].as_str().unwrap().to_string())
@@ -194,9 +201,7 @@ fn remote_array(level: &str) {
     // Restarted with the same file: re-added automatically; only dirty chunks are copied.
     let (file, port) = &files[victim - 2];
     peers.children[victim] = nbdkit_file(file, *port);
-    let status = wait_status(d, &control, Duration::from_secs(60), |s| {
-        s["last_recovery"].is_object() && s["roles"].as_array().unwrap().iter().all(|r| r["state"] == "in_sync")
-    });
+    let status = wait_re_added(d, &control);
     let tally = &status["last_recovery"];
     let (dirty, copied) = (tally["dirty_chunks"].as_u64().unwrap(), tally["copied_bytes"].as_u64().unwrap());
     eprintln!("{level}: re-add copied {copied} bytes for {dirty} dirty bitmap chunks of {BITMAP_CHUNK_BYTES}");
@@ -770,9 +775,7 @@ fn a_raid5_with_a_parity_log_takes_a_returning_member_back_copying_only_what_was
     // Back with the same file: re-added, only what was written copied.
     let (file, port) = &files[victim];
     peers.children[victim] = nbdkit_file(file, *port);
-    let status = wait_status(d, &control, Duration::from_secs(60), |s| {
-        s["last_recovery"].is_object() && s["roles"].as_array().unwrap().iter().all(|r| r["state"] == "in_sync")
-    });
+    let status = wait_re_added(d, &control);
     let tally = &status["last_recovery"];
     let (dirty, copied) = (tally["dirty_chunks"].as_u64().unwrap(), tally["copied_bytes"].as_u64().unwrap());
     eprintln!("raid5 ppl: re-add copied {copied} bytes for {dirty} chunks written while away");
@@ -805,9 +808,7 @@ fn a_raid5_with_a_parity_log_takes_a_returning_member_back_copying_only_what_was
     assert!(log.contains("away record: resumed"), "{log}");
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x78 33M 1M", &served.uri("net")]));
     peers.children[victim] = nbdkit_file(file, *port);
-    let status = wait_status(d, &control, Duration::from_secs(60), |s| {
-        s["last_recovery"].is_object() && s["roles"].as_array().unwrap().iter().all(|r| r["state"] == "in_sync")
-    });
+    let status = wait_re_added(d, &control);
     let tally = &status["last_recovery"];
     let copied = tally["copied_bytes"].as_u64().unwrap();
     eprintln!("raid5 ppl, across a restart: re-add copied {copied} bytes");

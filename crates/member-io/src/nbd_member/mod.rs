@@ -249,11 +249,11 @@ impl NbdMember {
     /// [`MAX_VIOLATIONS`]th within [`VIOLATION_WINDOW`].
     fn violation(&self, generation: Option<u64>, what: &str) -> io::Result<()> {
         let mut v = lock(&self.violations);
-        if generation.is_some() && v.1 == generation {
-            return Ok(());
-        }
-        if generation.is_some() {
-            v.1 = generation;
+        if let Some(g) = generation {
+            if v.1 == Some(g) {
+                return Ok(());
+            }
+            v.1 = Some(g);
         }
         let now = Instant::now();
         v.0.retain(|&at| now.duration_since(at) < VIOLATION_WINDOW);

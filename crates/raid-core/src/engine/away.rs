@@ -141,6 +141,34 @@ struct Away {
     store_failed: bool,
 }
 
+impl Away {
+    fn new(since_events: u64) -> Self {
+        Self {
+            since_events,
+            chunks: Default::default(),
+            pending: HashMap::new(),
+            generation: 0,
+            persisted: 0,
+            store_failed: false,
+        }
+    }
+
+    /// Adds `chunks` in a new generation; returns the newest generation one of them waits
+    /// to be saved in (0: all saved).
+    fn add(&mut self, chunks: impl IntoIterator<Item = u64>) -> u64 {
+        self.generation += 1;
+        let generation = self.generation;
+        let mut need = 0;
+        for c in chunks {
+            if self.chunks.insert(c) {
+                self.pending.insert(c, generation);
+            }
+            need = need.max(self.pending.get(&c).copied().unwrap_or(0));
+        }
+        need
+    }
+}
+
 struct Inner {
     /// Writes in flight per chunk.
     inflight: HashMap<u64, u32>,
@@ -202,15 +230,7 @@ impl AwayRecord {
             *inner.inflight.entry(c).or_insert(0) += 1;
         }
         let away = inner.away.as_mut()?;
-        away.generation += 1;
-        let generation = away.generation;
-        let mut need = 0;
-        for c in chunks {
-            if away.chunks.insert(c) {
-                away.pending.insert(c, generation);
-            }
-            need = need.max(away.pending.get(&c).copied().unwrap_or(0));
-        }
+        let need = away.add(chunks);
         (need > away.persisted && self.store.is_some() && !away.store_failed).then_some(SaveNeeded(need))
     }
 
@@ -245,39 +265,15 @@ impl AwayRecord {
     pub fn begin(&self, since_events: u64) {
         let mut inner = self.lock();
         let missed: Vec<u64> = inner.recent.keys().chain(inner.inflight.keys()).copied().collect();
-        let away = inner.away.get_or_insert_with(|| Away {
-            since_events,
-            chunks: Default::default(),
-            pending: HashMap::new(),
-            generation: 0,
-            persisted: 0,
-            store_failed: false,
-        });
-        away.generation += 1;
-        let generation = away.generation;
-        for c in missed {
-            if away.chunks.insert(c) {
-                away.pending.insert(c, generation);
-            }
-        }
+        inner.away.get_or_insert_with(|| Away::new(since_events)).add(missed);
     }
 
-    /// Starts with a stored image (already checked) or, without one, a record that
-    /// begins at `since_events`.
-    pub fn resume(&self, image: Option<&AwayImage>, since_events: u64) {
-        let mut inner = self.lock();
-        let mut away = Away {
-            since_events: image.map_or(since_events, |i| i.since_events),
-            chunks: Default::default(),
-            pending: HashMap::new(),
-            generation: 1,
-            persisted: 0,
-            store_failed: false,
-        };
-        if let Some(image) = image {
-            away.chunks.extend((0..image.chunks).filter(|&c| image.is_set(c)));
-        }
-        inner.away = Some(away);
+    /// Starts a record that began at `since_events` with the chunks `written` (from a
+    /// stored image, already checked; none after a clean start).
+    pub fn resume(&self, since_events: u64, written: impl IntoIterator<Item = u64>) {
+        let mut away = Away::new(since_events);
+        away.add(written);
+        self.lock().away = Some(away);
     }
 
     /// The image to save now (with the superblocks at `events`), and the generation it
@@ -421,12 +417,12 @@ impl<M: Member + ?Sized> Array<M> {
             });
             match image {
                 Ok(Some(image)) => {
-                    record.resume(Some(&image), 0);
+                    record.resume(image.since_events, (0..image.chunks).filter(|&c| image.is_set(c)));
                     let chunks = record.status().map_or(0, |s| s.chunks_written);
                     AwayStart::Resumed { since_events: image.since_events, chunks }
                 }
                 Ok(None) if assembled_clean => {
-                    record.resume(None, assembled_events);
+                    record.resume(assembled_events, []);
                     AwayStart::Begun { since_events: assembled_events }
                 }
                 Ok(None) => AwayStart::Untracked("unclean stop and no stored record".into()),
@@ -439,7 +435,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let _g = self.locks.lock(META_LOCK_KEY).await;
         if active {
-            self.away_save_locked(u64::MAX).await;
+            self.away_save_locked(None).await;
         } else if let (Some(store), Some(_)) = (&store, stored) {
             // In sync, or not to be trusted: the file says nothing true any more.
             if let Err(e) = store.remove().await {
@@ -468,11 +464,11 @@ impl<M: Member + ?Sized> Array<M> {
         record.begin(events);
     }
 
-    /// Saves the record up to generation `need` (`u64::MAX`: now) with the superblocks'
-    /// current event count. The caller holds the metadata lock.
-    pub(super) async fn away_save_locked(&self, need: u64) {
+    /// Saves the record with the superblocks' current event count, unless generation
+    /// `need` is saved already (`None`: save now). The caller holds the metadata lock.
+    pub(super) async fn away_save_locked(&self, need: Option<u64>) {
         let (Some(record), Some(summary)) = (self.away.get(), self.metadata_summary()) else { return };
-        if need != u64::MAX && record.saved_up_to(need) {
+        if need.is_some_and(|n| record.saved_up_to(n)) {
             return;
         }
         let Some((image, generation)) = record.image_to_save(summary.uuid, summary.events) else { return };
@@ -494,7 +490,7 @@ impl<M: Member + ?Sized> Array<M> {
             record.end().await;
             tracing::info!("every member in sync: the away record ends");
         } else {
-            self.away_save_locked(u64::MAX).await;
+            self.away_save_locked(None).await;
         }
     }
 }

@@ -126,7 +126,7 @@ impl<M: Member + ?Sized> Array<M> {
         let mut guard = IntentGuard { intent: None, chunks: 0..0, away };
         if let Some(SaveNeeded(need)) = save {
             let _g = self.locks.lock(META_LOCK_KEY).await;
-            self.away_save_locked(need).await;
+            self.away_save_locked(Some(need)).await;
         }
         let Some(intent) = &self.intent else { return Ok(guard) };
         let chunks = range.start / intent.chunk_sectors..range.end.div_ceil(intent.chunk_sectors).min(intent.chunks);

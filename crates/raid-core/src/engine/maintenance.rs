@@ -342,9 +342,10 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Starts the tally of a recovery of `role` (and shows it as the current work).
     pub(super) fn begin_recovery(&self, role: usize, from_bitmap: bool) {
-        let dirty_chunks = match from_bitmap {
-            true => self.dirty_bitmap_chunks().or(self.away_status().map(|a| a.chunks_written)).unwrap_or(0),
-            false => 0,
+        let dirty_chunks = if from_bitmap {
+            self.dirty_bitmap_chunks().or(self.away_status().map(|a| a.chunks_written)).unwrap_or(0)
+        } else {
+            0
         };
         let mut m = self.maintenance.lock();
         m.current = Some(MaintenanceWork::Recovery { role });
@@ -508,9 +509,11 @@ impl<M: Member + ?Sized> Array<M> {
         let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
         let mut member_sector = start;
         // A bitmap re-add copies whole bitmap chunks only: do not cross their boundaries.
-        let bitmap_chunk = Some(())
-            .filter(|_| self.members.slots[role].bitmap_recovery.load(Ordering::Acquire))
-            .and_then(|()| self.intent.as_ref().map(|i| i.chunk_sectors).or(self.away.get().map(|a| a.chunk_sectors)));
+        let bitmap_chunk = if self.members.slots[role].bitmap_recovery.load(Ordering::Acquire) {
+            self.intent.as_ref().map(|i| i.chunk_sectors).or(self.away.get().map(|a| a.chunk_sectors))
+        } else {
+            None
+        };
         while member_sector < end {
             let mut run = (piece - member_sector % piece).min(end - member_sector);
             if let Some(c) = bitmap_chunk
