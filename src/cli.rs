@@ -17,7 +17,7 @@ pub use crate::shared_args::{CacheMode, IoEngine, MemberIoArgs};
     about = "Software RAID over files and block devices, served over NBD",
     long_about = "raidnbd composes member volumes (files or block devices) into a RAID array \
                   (linear, 0, 1, 4, 5, 6, 10) using Linux md's v1.2 on-disk format, and exports it \
-                  over the NBD protocol: attach it with nbd-client as /dev/nbd0, or use it from qemu \
+                  over the NBD protocol: attach it as /dev/nbd0 (`raidnbd attach`, or nbd-client), or use it from qemu \
                   (nbd://127.0.0.1:10809/NAME). Arrays move between raidnbd and mdadm both ways.\n\n\
                   First time? Run `raidnbd quickstart`.",
     after_help = "Logs go to stderr: -v/-q (or RUST_LOG=debug, which -v/-q override) set the level \
@@ -69,6 +69,8 @@ pub enum Command {
     Quickstart(QuickstartArgs),
     /// Control a running server: status, fail/remove/add/replace members, check, repair, wait.
     Ctl(CtlArgs),
+    /// Attach an export as a kernel NBD device (/dev/nbdN) that rides through server restarts.
+    Attach(crate::attach::AttachArgs),
     /// Measure arrays against a single member with fio (dd-style, CrystalDiskMark-style, block-size sweep).
     Bench(BenchArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).

@@ -5,6 +5,7 @@
 //! `nbd-server` (the protocol). Errors end as one line on stderr and exit status 2;
 //! `check` exits 1 when it found mismatches.
 
+mod attach;
 mod away_file;
 mod bench;
 mod check;
@@ -41,7 +42,7 @@ use cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let serving = matches!(cli.command, Command::Serve(_) | Command::Quickstart(_));
+    let serving = matches!(cli.command, Command::Serve(_) | Command::Quickstart(_) | Command::Attach(_));
     if !serving {
         // Die quietly when the reader of our output goes away (`raidnbd detail | head`), like
         // other command-line tools. Servers keep ignoring SIGPIPE: a client hanging up must
@@ -82,6 +83,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Quickstart(args) => quickstart::run(args).await?,
         Command::Bench(args) => bench::run(args).await?,
         Command::Ctl(args) => return ctl::run(args).await,
+        Command::Attach(args) => attach::run(args).await?,
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -39,15 +39,15 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
         println!("reusing the quickstart array in {}", args.dir.display());
     }
     let url = format!("nbd://{}/{EXPORT}", args.listen);
-    let (host, port) = (args.listen.ip(), args.listen.port());
+    let exe = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "raidnbd".into());
     println!(
         "\nServing a RAID5 of 4 x 1 GiB sparse members ({}) as export '{EXPORT}' on {}. Stop with Ctrl-C.\n\n\
          Look at it:       nbdinfo {url}\n\
          Use it from qemu: qemu-img info {url}\n\
          \x20                 qemu-system-x86_64 ... -drive file={url},format=raw,if=virtio\n\
-         Attach as a disk: sudo modprobe nbd && sudo nbd-client {host} {port} /dev/nbd0 -N {EXPORT} -b 4096 -C 2\n\
-         \x20                 sudo mkfs.ext4 -E stride=16,stripe_width=48 /dev/nbd0 && sudo mount /dev/nbd0 /mnt\n\
-         \x20                 (detach: sudo umount /mnt && sudo nbd-client -d /dev/nbd0)\n",
+         Attach as a disk: sudo modprobe nbd && sudo {exe} attach {url} /dev/nbd0 -C 2\n\
+         \x20                 (it stays, reconnecting if raidnbd restarts; Ctrl-C detaches after umount)\n\
+         \x20                 sudo mkfs.ext4 -E stride=16,stripe_width=48 /dev/nbd0 && sudo mount /dev/nbd0 /mnt\n",
         args.dir.display(),
         args.listen
     );

@@ -113,3 +113,26 @@ fn sizes_and_help_are_friendly() {
     }
     assert_usage_error(&raidnbd(dir.path(), &["serve", "--member-bw", "fast", "a"]), "invalid size 'fast'");
 }
+
+/// `attach` refuses what the kernel's driver cannot use before it touches the device, and
+/// names the missing nbd module (this machine's kernel has none) instead of failing obscurely.
+/// The attach itself, and its ride through restarts, run in the VM rig (`raidnbd-restart`).
+#[test]
+fn attach_refuses_bad_requests() {
+    let dir = tempdir();
+    let d = dir.path();
+    let uri = "nbd://127.0.0.1:1/data";
+    assert_user_error(&raidnbd(d, &["attach", uri, "/dev/sda"]), "is not an NBD device");
+    assert_user_error(
+        &raidnbd(d, &["attach", "nbds://127.0.0.1:1/data?tls-certificates=/nonexistent", "/dev/nbd0"]),
+        "cannot speak TLS",
+    );
+    assert_user_error(&raidnbd(d, &["attach", uri, "/dev/nbd0", "-b", "8192"]), "--block-size must be");
+    assert_user_error(&raidnbd(d, &["attach", uri, "/dev/nbd0", "-C", "17"]), "--connections must be 1 to 16");
+    assert_user_error(&raidnbd(d, &["attach", uri, "/dev/nbd0", "--dead-conn-timeout", "0"]), "at least 1s");
+    if std::path::Path::new("/sys/module/nbd").exists() {
+        println!("the nbd module is loaded here: the no-driver message is not checked");
+    } else {
+        assert_user_error(&raidnbd(d, &["attach", uri, "/dev/nbd0"]), "modprobe nbd");
+    }
+}

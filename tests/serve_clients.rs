@@ -26,7 +26,7 @@ fn quickstart_serves_a_raid5_and_reuses_it() {
     }
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x3c 100M 2M", &served.uri("quickstart")]));
     let log = served.stop();
-    assert!(log.contains("nbd-client 127.0.0.1") && log.contains("nbdinfo nbd://"), "prints how to attach: {log}");
+    assert!(log.contains(" attach nbd://127.0.0.1:") && log.contains("nbdinfo nbd://"), "prints how to attach: {log}");
     assert!(log.contains("raid5"), "{log}");
 
     let served = Served::run(d, quickstart);

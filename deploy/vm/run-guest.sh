@@ -15,6 +15,7 @@
 #   rig-host-pre: CMD         run on the host before boot (may repeat)
 #   rig-host-server: CMD      run on the host in the background during the boot (one)
 #   rig-nbd-drive: URI        attached after the disks through qemu's own NBD client (may repeat)
+#                             (drive options may follow the URI: URI,file.reconnect-delay=60)
 #   rig-host-post: CMD        run on the host after a PASSing guest (may repeat)
 #   rig-timeout: SEC          guest scenario limit; the host adds boot margin
 #   rig-needs: raidnbd        the scenario needs --raidnbd

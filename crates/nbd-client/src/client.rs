@@ -63,7 +63,7 @@ where
         return handshake_tls(stream, address, name).await;
     }
     greet(&mut stream, name).await?;
-    let details = negotiate(&mut stream, &address.export, name).await?;
+    let details = negotiate(&mut stream, &address.export, name, true).await?;
     let (r, w) = split(stream);
     Ok((details, r, w))
 }
@@ -77,7 +77,7 @@ where
     greet(&mut stream, name).await?;
     start_tls(&mut stream, name).await?;
     let mut tls = crate::tls::connect(settings, stream, name).await?;
-    let details = negotiate(&mut tls, &address.export, name).await?;
+    let details = negotiate(&mut tls, &address.export, name, true).await?;
     let (r, w) = tokio::io::split(tls);
     Ok((details, Box::new(r), Box::new(w)))
 }

@@ -100,31 +100,42 @@ where
     Ok(())
 }
 
-/// Negotiates `export` (after [`greet`], and TLS if asked): structured replies, then GO.
-pub(crate) async fn negotiate<S>(stream: &mut S, export: &str, address: &str) -> Result<ExportDetails>
+/// Negotiates `export` (after [`greet`], and TLS if asked): structured replies when
+/// `want_structured_replies` (the kernel's driver speaks only simple ones), then GO.
+pub(crate) async fn negotiate<S>(
+    stream: &mut S,
+    export: &str,
+    address: &str,
+    want_structured_replies: bool,
+) -> Result<ExportDetails>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let io = |source| ClientError::Io { address: address.to_string(), source };
     let protocol = |what: String| ClientError::Protocol { address: address.to_string(), what };
     let mut out = BytesMut::new();
-    put_option(&mut out, opt::STRUCTURED_REPLY, &[]);
+    if want_structured_replies {
+        put_option(&mut out, opt::STRUCTURED_REPLY, &[]);
+    }
     put_option(&mut out, opt::GO, &go_option_data(export, &[info::BLOCK_SIZE]));
     stream.write_all(&out).await.map_err(io)?;
     stream.flush().await.map_err(io)?;
 
     // STRUCTURED_REPLY: ACK, or an error (then replies are simple).
-    let (header, data) = option_reply(stream, address).await?;
-    if header.option != opt::STRUCTURED_REPLY {
-        return Err(protocol(format!("reply to option {} where STRUCTURED_REPLY's was due", header.option)));
-    }
-    let structured_replies = header.reply_type == rep::ACK;
-    if !structured_replies && !header.is_error() {
-        return Err(protocol(format!(
-            "STRUCTURED_REPLY answered with {:#x} ({} bytes)",
-            header.reply_type,
-            data.len()
-        )));
+    let mut structured_replies = false;
+    if want_structured_replies {
+        let (header, data) = option_reply(stream, address).await?;
+        if header.option != opt::STRUCTURED_REPLY {
+            return Err(protocol(format!("reply to option {} where STRUCTURED_REPLY's was due", header.option)));
+        }
+        structured_replies = header.reply_type == rep::ACK;
+        if !structured_replies && !header.is_error() {
+            return Err(protocol(format!(
+                "STRUCTURED_REPLY answered with {:#x} ({} bytes)",
+                header.reply_type,
+                data.len()
+            )));
+        }
     }
 
     let mut size = None;

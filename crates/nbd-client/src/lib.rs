@@ -17,6 +17,8 @@
 //! - `client`: [`Client`], requests checked against the export and pipelined with bounded
 //!   bytes in flight; `replies`: the reader task, which checks every reply before using it
 //!   (fuzzed: `fuzzing`, `fuzz/`).
+//! - `handoff`: [`handoff()`], a socket negotiated with simple replies for the kernel's
+//!   driver (`raidnbd attach`).
 //! - `error`: [`ClientError`]; an `Errno` fails one request, anything else the connection.
 //!
 //! The wire format is nbd-server's `protocol` module (pure codecs); this crate knows
@@ -27,6 +29,7 @@ mod client;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod handoff;
 mod handshake;
 mod replies;
 mod tls;
@@ -34,4 +37,5 @@ mod tls;
 pub use address::{DEFAULT_PORT, Endpoint, ExportAddress, MAX_CONNECTIONS, TlsCredentialFiles, TlsSettings};
 pub use client::{Client, ClientConfig};
 pub use error::{ClientError, Result};
+pub use handoff::{Handoff, handoff};
 pub use handshake::ExportDetails;

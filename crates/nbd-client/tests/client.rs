@@ -139,6 +139,42 @@ async fn talks_to_nbdkit_memory() {
     client.disconnect().await.unwrap();
 }
 
+/// A handoff (the socket `raidnbd attach` gives the kernel) negotiates simple replies even
+/// with a server that offers structured ones, and the socket then answers a READ with a
+/// simple reply, blocking, as the kernel's driver expects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_speaks_simple_replies() {
+    use nbd_server::protocol::client_codec::encode_request_header;
+    use nbd_server::protocol::consts::{SIMPLE_REPLY_MAGIC, cmd};
+    use nbd_server::protocol::request::RequestHeader;
+    use std::io::{Read, Write};
+    let peer = nbdkit(&["memory", "1M"]);
+    let address = unix_address(&peer, "");
+    let client = Client::connect(&address, &ClientConfig::default()).await.expect("connect");
+    client.write(4096, Bytes::from(vec![0x5a; 4096]), true).await.unwrap();
+    assert!(client.details().structured_replies, "nbdkit offers structured replies");
+    let handoff = nbd_client::handoff(&address, Duration::from_secs(10)).await.expect("handoff");
+    assert!(!handoff.details.structured_replies);
+    assert_eq!(handoff.details.size_bytes, 1 << 20);
+    let mut socket = std::os::unix::net::UnixStream::from(handoff.socket);
+    let read = RequestHeader { flags: 0, command: cmd::READ, cookie: 0xfeed, offset: 4096, length: 4096 };
+    let reply = tokio::task::spawn_blocking(move || {
+        socket.write_all(&encode_request_header(&read)).unwrap();
+        let mut reply = vec![0u8; 16 + 4096];
+        socket.read_exact(&mut reply).unwrap();
+        reply
+    })
+    .await
+    .unwrap();
+    assert_eq!(u32::from_be_bytes(reply[..4].try_into().unwrap()), SIMPLE_REPLY_MAGIC);
+    assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0, "no error");
+    assert_eq!(u64::from_be_bytes(reply[8..16].try_into().unwrap()), 0xfeed);
+    assert!(reply[16..].iter().all(|&b| b == 0x5a), "the bytes written before");
+    let tls = ExportAddress::parse("nbds://alice@127.0.0.1:1/x?tls-psk-file=/k.psk").unwrap();
+    let refused = nbd_client::handoff(&tls, Duration::from_secs(1)).await.unwrap_err();
+    assert!(refused.to_string().contains("cannot speak TLS"), "{refused}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn talks_to_qemu_nbd() {
     require("qemu-nbd", "qemu-utils");

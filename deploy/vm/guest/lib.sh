@@ -131,6 +131,54 @@ fill_dev() { # DEV PATTERN: overwrite all of DEV with the start of PATTERN (a fi
     count="$fd_rest_4k" oflag=direct conv=notrunc status=none
   [ $((fd_bytes % 4096)) -eq 0 ] || fail "$1 is not a multiple of 4 KiB: $fd_bytes bytes"
 }
+# A background writer: rewrites 40 slot files of 256 KiB under DIR in place (random data,
+# fsync, md5 of each slot kept in $W), until writer_stop. A failed write stops it (wait_writes
+# then fails naming it).
+W=/tmp/writer # writer state: count, err, stop, s<k>.md5
+WRITER_PID=""
+writer_loop() { # DIR
+  trap - EXIT
+  i=0
+  while [ ! -e $W/stop ]; do
+    k=$((i % 40))
+    dd if=/dev/urandom of="$1/s$k.bin" bs=64k count=4 conv=notrunc,fsync status=none \
+      || { echo "writer: dd of $1/s$k.bin failed at iteration $i" > $W/err; exit 1; }
+    md5sum "$1/s$k.bin" > $W/s$k.md5 || { echo "writer: md5sum failed at iteration $i" > $W/err; exit 1; }
+    i=$((i + 1))
+    echo $i > $W/count.new && mv $W/count.new $W/count # readers never see it empty
+  done
+}
+writer_start() { # DIR
+  rm -rf $W; mkdir -p "$1" $W
+  writer_loop "$1" &
+  WRITER_PID=$!
+}
+writer_count() { cat $W/count 2>/dev/null || echo 0; }
+wait_writes() { # N: until the writer has done N more iterations (fails if it stopped)
+  ww_target=$(( $(writer_count) + $1 ))
+  ww_n=0
+  while [ "$(writer_count)" -lt "$ww_target" ]; do
+    [ ! -s $W/err ] || fail "$(cat $W/err)"
+    kill -0 "$WRITER_PID" 2>/dev/null || fail "the writer stopped"
+    ww_n=$((ww_n + 1)); [ "$ww_n" -le 1500 ] || fail "the writer made no progress in 300 s"
+    sleep 0.2
+  done
+  echo "ok: [$(rig_now)] writer at $(writer_count) writes"
+}
+writer_stop() {
+  touch $W/stop
+  wait "$WRITER_PID" || fail "writer: $(cat $W/err 2>/dev/null)"
+  WRITER_PID=""
+  echo "ok: the writer did $(writer_count) writes"
+}
+verify_writer() { # every slot file matches the md5 of its last write
+  cat $W/s*.md5 > /tmp/writer.md5
+  verify_tree / /tmp/writer.md5
+}
+writer_debug() { # for rig_debug: stop the writer, print its error
+  [ -z "$WRITER_PID" ] || { touch $W/stop; kill "$WRITER_PID" 2>/dev/null; }
+  cat $W/err 2>/dev/null || true
+}
 md_wait_idle() { # MDDEV: wait for resync/recovery to finish
   mdadm --wait "$1" || true
   f=/sys/block/${1#/dev/}/md/sync_action
@@ -139,7 +187,7 @@ md_wait_idle() { # MDDEV: wait for resync/recovery to finish
 
 # raidnbd (scenarios with "rig-needs: raidnbd"): one server at a time on 127.0.0.1:$RAIDNBD_PORT,
 # export $RAIDNBD_EXPORT, control socket $RAIDNBD_CTL, log appended to $RAIDNBD_LOG (each start
-# begins with a "== raidnbd serve ..." line).
+# begins with a "== raidnbd serve ..." line); $RAIDNBD_BIN (default raidnbd) is the binary.
 RAIDNBD_PORT=10809
 RAIDNBD_EXPORT=rig
 RAIDNBD_CTL=/run/raidnbd-rig.sock
@@ -149,7 +197,7 @@ export NO_COLOR=1 # plain log lines
 raidnbd_serve() { # [SERVE OPTION...] MEMBER...: start the server, wait until it listens
   echo "+ [$(rig_now)] raidnbd serve --listen 127.0.0.1:$RAIDNBD_PORT --export $RAIDNBD_EXPORT --control $RAIDNBD_CTL $*"
   echo "== raidnbd serve $*" >> "$RAIDNBD_LOG"
-  raidnbd serve --listen "127.0.0.1:$RAIDNBD_PORT" --export "$RAIDNBD_EXPORT" --control "$RAIDNBD_CTL" "$@" \
+  ${RAIDNBD_BIN:-raidnbd} serve --listen "127.0.0.1:$RAIDNBD_PORT" --export "$RAIDNBD_EXPORT" --control "$RAIDNBD_CTL" "$@" \
     >> "$RAIDNBD_LOG" 2>&1 &
   RAIDNBD_PID=$!
   rs_n=0

@@ -21,43 +21,12 @@
 MEMBERS="/dev/vda /dev/vdb /dev/vdc /dev/vdd"
 REBUILT="/dev/vda /dev/vde /dev/vdc /dev/vdd"
 M=/mnt
-W=/tmp/writer # writer state: count, err, stop, s<k>.md5
-WRITER_PID=""
 rig_debug() {
-  [ -z "$WRITER_PID" ] || { touch $W/stop; kill "$WRITER_PID" 2>/dev/null; }
-  cat $W/err 2>/dev/null
+  writer_debug
   raidnbd_ctl status 2>&1
   echo "-- raidnbd log:"; tail -n 60 "$RAIDNBD_LOG" 2>/dev/null
 }
 
-writer() { # until $W/stop exists: rewrite slot k = i % 40 in place, fsync, record its md5
-  trap - EXIT
-  i=0
-  while [ ! -e $W/stop ]; do
-    k=$((i % 40))
-    dd if=/dev/urandom of=$M/w/s$k.bin bs=64k count=4 conv=notrunc,fsync status=none \
-      || { echo "writer: dd of $M/w/s$k.bin failed at iteration $i" > $W/err; exit 1; }
-    md5sum $M/w/s$k.bin > $W/s$k.md5 || { echo "writer: md5sum failed at iteration $i" > $W/err; exit 1; }
-    i=$((i + 1))
-    echo $i > $W/count.new && mv $W/count.new $W/count # readers never see it empty
-  done
-}
-writer_count() { cat $W/count 2>/dev/null || echo 0; }
-wait_writes() { # N: until the writer has done N more iterations (fails if it stopped)
-  ww_target=$(( $(writer_count) + $1 ))
-  ww_n=0
-  while [ "$(writer_count)" -lt "$ww_target" ]; do
-    [ ! -s $W/err ] || fail "$(cat $W/err)"
-    kill -0 "$WRITER_PID" 2>/dev/null || fail "the writer stopped"
-    ww_n=$((ww_n + 1)); [ "$ww_n" -le 1500 ] || fail "the writer made no progress in 300 s"
-    sleep 0.2
-  done
-  echo "ok: [$(rig_now)] writer at $(writer_count) writes"
-}
-verify_writer() {
-  cat $W/s*.md5 > /tmp/writer.md5
-  verify_tree / /tmp/writer.md5
-}
 last_check_mismatches() { # from ctl status --json
   raidnbd_ctl status --json | awk '/"last_check"/ {f=1} f && /"mismatch_cnt"/ && !done {gsub(/[^0-9]/, ""); print; done=1}'
 }
@@ -70,12 +39,10 @@ nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 2
 mkfs_ext4 /dev/nbd0
 run mount -t ext4 /dev/nbd0 $M
 fill_tree $M/static 8 1024 /tmp/static.md5
-mkdir -p $M/w $W
 raidnbd_ctl status
 
 step "writer running; ctl fail /dev/vdb"
-writer &
-WRITER_PID=$!
+writer_start $M/w
 wait_writes 40 # every slot file exists
 run raidnbd_ctl fail /dev/vdb
 raidnbd_ctl status
@@ -107,10 +74,7 @@ run raidnbd_ctl rebuild-speed 1M 200M # md's defaults again, for the check below
 wait_writes 15
 
 step "stop the writer, verify, umount, fsck, online check"
-touch $W/stop
-wait "$WRITER_PID" || fail "writer: $(cat $W/err 2>/dev/null)"
-WRITER_PID=""
-echo "ok: the writer did $(writer_count) writes"
+writer_stop
 verify_writer
 run umount $M
 drop_caches
