@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::size::parse_size;
 
 pub use crate::bench::BenchArgs;
-pub use crate::shared_args::{CacheMode, IoEngine, MemberIoArgs};
+pub use crate::shared_args::{CacheMode, MemberIoArgs};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -43,44 +43,76 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use serde::Deserialize;
 
+use member_io::IoEngine;
 use nbd_server::AddressRange;
 
-use crate::cli::{CacheMode, IoEngine, ListenAddr, TlsMode};
+use crate::cli::{CacheMode, ListenAddr, TlsMode};
 use crate::duration::ConfigDuration;
 use crate::size::parse_size;
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigFile {
-    #[serde(default)]
-    pub listen: Option<OneOrMany>,
-    pub cache: Option<String>,
-    pub cache_size: Option<String>,
-    pub force: Option<bool>,
-    pub require_all: Option<bool>,
-    pub control: Option<PathBuf>,
-    pub state_dir: Option<PathBuf>,
-    pub metrics: Option<SocketAddr>,
-    pub on_event: Option<String>,
-    pub handshake_timeout: Option<ConfigDuration>,
-    pub idle_timeout: Option<ConfigDuration>,
-    pub stall_timeout: Option<ConfigDuration>,
-    pub write_gather_us: Option<u64>,
-    pub read_only: Option<bool>,
-    pub io: Option<String>,
-    pub member_bw: Option<String>,
-    pub export_bw: Option<String>,
-    pub member_iops: Option<u64>,
-    pub member_timeout: Option<ConfigDuration>,
-    pub buffered: Option<bool>,
-    pub tls: Option<String>,
-    pub tls_certificates: Option<PathBuf>,
-    pub tls_verify_peer: Option<bool>,
-    pub tls_psk: Option<PathBuf>,
-    pub allow: Option<Vec<String>>,
-    #[serde(rename = "export", default)]
-    pub exports: Vec<ExportConfig>,
+/// The one list of the keys that may stand at the top (defaults for every export) or in an
+/// export: `member_keys!(then! { ... })` calls `then!` with the tokens given, then `;` and
+/// the keys as `name: Type,`. [`ConfigFile`], [`ExportConfig`] and [`MemberKeys`] are built
+/// from it, and so is [`ExportConfig::keys`]. (serde's `flatten` does not work with
+/// `deny_unknown_fields`, so the keys cannot be one struct inside the other two.)
+macro_rules! member_keys {
+    ($then:ident! { $($given:tt)* }) => {
+        $then! { $($given)* ;
+            read_only: Option<bool>,
+            io: Option<String>,
+            member_bw: Option<String>,
+            export_bw: Option<String>,
+            member_iops: Option<u64>,
+            member_timeout: Option<ConfigDuration>,
+            buffered: Option<bool>,
+        }
+    };
 }
+
+/// `struct Name { fields before } { fields after }` with the member keys between them (where
+/// they stand in the file's documented order, and in serde's list of expected keys).
+macro_rules! with_member_keys {
+    (
+        $(#[$attr:meta])* pub struct $name:ident { $($before:tt)* } { $($after:tt)* }
+        ; $($key:ident: $ty:ty,)*
+    ) => {
+        $(#[$attr])*
+        pub struct $name {
+            $($before)*
+            $(pub $key: $ty,)*
+            $($after)*
+        }
+    };
+}
+
+member_keys!(with_member_keys! {
+    #[derive(Debug, Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    pub struct ConfigFile {
+        #[serde(default)]
+        pub listen: Option<OneOrMany>,
+        pub cache: Option<String>,
+        pub cache_size: Option<String>,
+        pub force: Option<bool>,
+        pub require_all: Option<bool>,
+        pub control: Option<PathBuf>,
+        pub state_dir: Option<PathBuf>,
+        pub metrics: Option<SocketAddr>,
+        pub on_event: Option<String>,
+        pub handshake_timeout: Option<ConfigDuration>,
+        pub idle_timeout: Option<ConfigDuration>,
+        pub stall_timeout: Option<ConfigDuration>,
+        pub write_gather_us: Option<u64>,
+    } {
+        pub tls: Option<String>,
+        pub tls_certificates: Option<PathBuf>,
+        pub tls_verify_peer: Option<bool>,
+        pub tls_psk: Option<PathBuf>,
+        pub allow: Option<Vec<String>>,
+        #[serde(rename = "export", default)]
+        pub exports: Vec<ExportConfig>,
+    }
+});
 
 /// `listen = "ADDR"` or `listen = ["ADDR", ...]`.
 #[derive(Debug, Deserialize)]
@@ -90,38 +122,38 @@ pub enum OneOrMany {
     Many(Vec<String>),
 }
 
-/// Keys that may stand at the top (defaults for every export) or in an export. (serde's
-/// `flatten` does not work with `deny_unknown_fields`, so both structs list them.)
-#[derive(Debug, Default, Clone)]
-pub struct MemberKeys {
-    pub read_only: Option<bool>,
-    pub io: Option<String>,
-    pub member_bw: Option<String>,
-    pub export_bw: Option<String>,
-    pub member_iops: Option<u64>,
-    pub member_timeout: Option<ConfigDuration>,
-    pub buffered: Option<bool>,
-}
+member_keys!(with_member_keys! {
+    /// The keys that may stand at the top (defaults for every export) or in an export: one
+    /// export's, with the unset ones from the top ([`ExportConfig::keys`]).
+    #[derive(Debug, Default, Clone)]
+    pub struct MemberKeys {} {}
+});
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportConfig {
-    pub name: String,
-    #[serde(default)]
-    pub members: Vec<String>,
-    pub uuid: Option<String>,
-    pub scan: Option<String>,
-    pub read_only: Option<bool>,
-    pub io: Option<String>,
-    pub member_bw: Option<String>,
-    pub export_bw: Option<String>,
-    pub member_iops: Option<u64>,
-    pub member_timeout: Option<ConfigDuration>,
-    pub buffered: Option<bool>,
-    /// `on` (the default) or `require`: this export only over TLS.
-    pub tls: Option<String>,
-    #[serde(default)]
-    pub tls_peer: Vec<String>,
+member_keys!(with_member_keys! {
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ExportConfig {
+        pub name: String,
+        #[serde(default)]
+        pub members: Vec<String>,
+        pub uuid: Option<String>,
+        pub scan: Option<String>,
+    } {
+        /// `on` (the default) or `require`: this export only over TLS.
+        pub tls: Option<String>,
+        #[serde(default)]
+        pub tls_peer: Vec<String>,
+    }
+});
+
+/// `fn keys`: each member key of the export, else the file's.
+macro_rules! inherit_member_keys {
+    (; $($key:ident: $ty:ty,)*) => {
+        /// This export's member keys, the unset ones from the file's top level.
+        pub fn keys(&self, file: &ConfigFile) -> MemberKeys {
+            MemberKeys { $($key: self.$key.clone().or_else(|| file.$key.clone()),)* }
+        }
+    };
 }
 
 impl ExportConfig {
@@ -134,18 +166,7 @@ impl ExportConfig {
         }
     }
 
-    /// This export's member keys, the unset ones from the file's top level.
-    pub fn keys(&self, file: &ConfigFile) -> MemberKeys {
-        MemberKeys {
-            read_only: self.read_only.or(file.read_only),
-            io: self.io.clone().or_else(|| file.io.clone()),
-            member_bw: self.member_bw.clone().or_else(|| file.member_bw.clone()),
-            export_bw: self.export_bw.clone().or_else(|| file.export_bw.clone()),
-            member_iops: self.member_iops.or(file.member_iops),
-            member_timeout: self.member_timeout.or(file.member_timeout),
-            buffered: self.buffered.or(file.buffered),
-        }
-    }
+    member_keys!(inherit_member_keys! {});
 }
 
 impl ConfigFile {
@@ -190,7 +211,7 @@ impl MemberKeys {
         self.io
             .as_deref()
             .map(|v| {
-                IoEngine::from_str(v, false)
+                <IoEngine as ValueEnum>::from_str(v, false)
                     .map_err(|_| anyhow::anyhow!("io = {v:?}: use auto, uring, threads or inline"))
             })
             .transpose()
@@ -312,6 +333,26 @@ mod tests {
                 panic!("serve --{} has no config key {key:?}: {e}\n{text}", arg.get_id());
             }
         }
+    }
+
+    /// The member keys' names, from the one list.
+    macro_rules! member_key_names {
+        (; $($key:ident: $ty:ty,)*) => { [$(stringify!($key)),*] };
+    }
+
+    /// Each member key stands at the top and in an export, and the export's wins.
+    #[test]
+    fn member_keys_stand_at_the_top_and_in_an_export() {
+        for key in member_keys!(member_key_names! {}) {
+            let value = sample_value(key);
+            let text = format!("{key} = {value}\n[[export]]\nname = \"a\"\nmembers = []\n{key} = {value}\n");
+            if let Err(e) = toml::from_str::<ConfigFile>(&text) {
+                panic!("member key {key:?}: {e}\n{text}");
+            }
+        }
+        let config: ConfigFile =
+            toml::from_str("member_iops = 1\n[[export]]\nname = \"a\"\nmembers = []\nmember_iops = 2\n").unwrap();
+        assert_eq!(config.exports[0].keys(&config).member_iops, Some(2));
     }
 
     fn sample_value(key: &str) -> &'static str {

@@ -17,7 +17,7 @@ use crate::timefmt::{ctime, rfc3339};
 
 fn read_only_options() -> MemberOpenOptions {
     MemberOpenOptions {
-        io: MemberIoArgs { io: Some(crate::cli::IoEngine::Threads), buffered: true, ..MemberIoArgs::default() },
+        io: MemberIoArgs { io: Some(member_io::IoEngine::Threads), buffered: true, ..MemberIoArgs::default() },
         read_only: true,
         ..MemberOpenOptions::default()
     }

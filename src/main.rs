@@ -17,6 +17,7 @@ mod ctl;
 mod duration;
 mod export;
 mod inspect;
+mod link_registry;
 mod listen;
 mod logging;
 mod maintenance;

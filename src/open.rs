@@ -9,43 +9,21 @@
 //! The binary only opens members and names them; how the array comes up (bitmap, write-hole
 //! policy, resync) is raid-core's `md::start`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use member_io::{
-    DirectMode, FaultControl, Faulty, LinkStats, NbdMember, OpenOptions, Throttle, ThrottleConfig, Throttled,
-};
+use member_io::{DirectMode, FaultControl, Faulty, NbdMember, OpenOptions, Throttle, ThrottleConfig, Throttled};
 use raid_core::Member;
 use raid_core::engine::Array;
 use raid_core::md::{self, Assembly, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock};
 
-use crate::cli::{IoEngine, MemberIoArgs};
+use crate::cli::MemberIoArgs;
+use crate::link_registry::LinkRegistry;
 
 /// Fault switches of the members opened with fault injection, by member name.
 pub type FaultRegistry = Arc<Mutex<HashMap<String, Arc<FaultControl>>>>;
-
-/// The link statistics of the NBD members an export opened, by URI: every open of the same
-/// URI (a re-add) shares one, so the counts go on.
-#[derive(Clone, Default)]
-pub struct LinkRegistry(Arc<Mutex<BTreeMap<String, Arc<LinkStats>>>>);
-
-impl LinkRegistry {
-    /// The statistics of `uri` (created on first use).
-    pub fn get(&self, uri: &str) -> Arc<LinkStats> {
-        self.0.lock().expect("link registry").entry(uri.to_string()).or_default().clone()
-    }
-
-    /// The statistics of `uri`, if it was ever opened.
-    pub fn find(&self, uri: &str) -> Option<Arc<LinkStats>> {
-        self.0.lock().expect("link registry").get(uri).cloned()
-    }
-
-    pub fn all(&self) -> Vec<(String, Arc<LinkStats>)> {
-        self.0.lock().expect("link registry").iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-    }
-}
 
 /// How to open members.
 #[derive(Clone, Default)]
@@ -65,12 +43,7 @@ pub struct MemberOpenOptions {
 impl MemberOpenOptions {
     fn backend_options(&self) -> OpenOptions {
         OpenOptions {
-            engine: match self.io.io.unwrap_or_default() {
-                IoEngine::Auto => member_io::IoEngine::Auto,
-                IoEngine::Uring => member_io::IoEngine::Uring,
-                IoEngine::Threads => member_io::IoEngine::Threads,
-                IoEngine::Inline => member_io::IoEngine::Inline,
-            },
+            engine: self.io.io.unwrap_or_default(),
             direct: if self.io.buffered { DirectMode::Off } else { DirectMode::Auto },
             read_only: self.read_only,
         }

@@ -3,6 +3,7 @@
 //! (cli.rs, bench/args.rs) use them; they import nothing from either.
 
 use clap::{Args, ValueEnum};
+use member_io::IoEngine;
 
 use crate::size::parse_size;
 
@@ -14,20 +15,6 @@ pub enum CacheMode {
     /// Acknowledge writes from memory and write them back later: faster, but writes not
     /// yet flushed are LOST if raidnbd dies.
     Writeback,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum IoEngine {
-    /// Inline for member files on tmpfs/ramfs; else io_uring when the kernel allows it, else
-    /// a thread pool (the reason is logged).
-    #[default]
-    Auto,
-    /// io_uring only; fail if unavailable.
-    Uring,
-    /// Thread pool with pread/pwrite.
-    Threads,
-    /// pread/pwrite in the serving task: for members in memory (a disk would stall serving).
-    Inline,
 }
 
 #[derive(Args, Debug, Clone, Default)]

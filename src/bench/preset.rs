@@ -5,22 +5,9 @@
 //! A preset sets the levels, members, chunks, cache modes, throttles and workloads; `--size`,
 //! `--runtime`, `--ramp`, `--rounds`, `--dir` and `--out` still apply.
 
-use serde::Serialize;
-
 use super::args::BenchArgs;
-use super::record::{RunRecord, Status};
+use super::record::{Comparison, RunRecord, Status};
 use crate::shared_args::CacheMode;
-
-/// One published number (or finding) and ours.
-#[derive(Debug, Clone, Serialize)]
-pub struct Comparison {
-    pub experiment: String,
-    pub measure: String,
-    pub published: String,
-    pub ours: String,
-    /// Why they differ, where they do.
-    pub note: String,
-}
 
 pub struct Preset {
     pub name: &'static str,

@@ -1,5 +1,8 @@
 //! What a bench run produced: one [`RunRecord`] per (array, cache mode, workload), the
-//! settings and the machine. Serialised as is to JSON; CSV, Markdown and SVG are views.
+//! settings and the machine, and with `--preset` the published numbers beside ours
+//! ([`Comparison`], which the presets fill in). Serialised as is to JSON; CSV, Markdown and
+//! SVG are views. The records use no other bench module: `preset`, `report` and the rest
+//! use them.
 //!
 //! Ratios: an array's MB/s divided by "single"'s MB/s for the same workload and cache
 //! mode (for fixed block sizes that is also the IOPS ratio).
@@ -187,6 +190,17 @@ pub struct Settings {
     pub consistency_policy: Option<String>,
 }
 
+/// One published number (or finding) and ours.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub experiment: String,
+    pub measure: String,
+    pub published: String,
+    pub ours: String,
+    /// Why they differ, where they do.
+    pub note: String,
+}
+
 /// Everything, as written to results.json.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -200,7 +214,7 @@ pub struct BenchReport {
     pub settings: Settings,
     /// `--preset`: what it rebuilds, and the published numbers beside ours.
     pub preset: Option<String>,
-    pub published: Vec<super::preset::Comparison>,
+    pub published: Vec<Comparison>,
     /// One row per (array, cache mode, workload); the median run with `--rounds`.
     pub runs: Vec<RunRecord>,
     /// Every round's runs when `--rounds` > 1 (empty otherwise).

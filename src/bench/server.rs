@@ -378,7 +378,7 @@ impl Drop for ServedArray {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared_args::IoEngine;
+    use member_io::IoEngine;
 
     #[test]
     fn reads_the_created_size() {

@@ -44,7 +44,7 @@ pub struct ExportMetrics {
     /// The array behind the export, for gauges (set once it is assembled).
     array: OnceLock<Arc<Array<dyn Member>>>,
     /// Its NBD members' connections (set with the member options).
-    pub links: OnceLock<crate::open::LinkRegistry>,
+    pub links: OnceLock<crate::link_registry::LinkRegistry>,
 }
 
 impl ExportMetrics {

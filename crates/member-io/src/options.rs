@@ -13,18 +13,22 @@ use crate::error::MemberIoError;
 /// or `inline`).
 pub const IO_ENGINE_ENV: &str = "RAIDNBD_IO";
 
-/// Requested I/O engine.
+/// Requested I/O engine: the one definition, which the binary's `--io` and `io = ...` also
+/// parse (with the `clap` feature it is a `clap::ValueEnum`; the variants' docs are the
+/// option's help). [`FromStr`] is more lenient (any case, aliases such as `io_uring`), for
+/// [`IO_ENGINE_ENV`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum IoEngine {
-    /// Inline for a regular file on tmpfs/ramfs; otherwise io_uring if the cached probe
-    /// succeeds, else the thread pool (with a logged reason).
+    /// Inline for member files on tmpfs/ramfs; else io_uring when the kernel allows it, else
+    /// a thread pool (the reason is logged).
     #[default]
     Auto,
-    /// io_uring or fail.
+    /// io_uring only; fail if unavailable.
     Uring,
-    /// The pread/pwrite thread pool, never touching io_uring.
+    /// Thread pool with pread/pwrite.
     Threads,
-    /// pread/pwrite in the calling task: for files in memory (a disk would stall the caller).
+    /// pread/pwrite in the serving task: for members in memory (a disk would stall serving).
     Inline,
 }
 

@@ -12,8 +12,7 @@
 //! connection ends (EOF, an I/O error, a protocol violation) every waiting request fails with
 //! the reason, and so does every later one: reconnecting is the caller's business.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,7 +27,9 @@ use tokio::task::JoinHandle;
 use crate::address::{Endpoint, ExportAddress};
 use crate::error::{ClientError, Result};
 use crate::handshake::{ExportDetails, greet, negotiate, start_tls};
-use crate::replies::{Waiter, read_replies};
+use crate::replies::read_replies;
+use crate::shared::{Closed, Shared};
+use crate::waiter::Waiter;
 
 /// Limits of one connection.
 #[derive(Debug, Clone)]
@@ -80,73 +81,6 @@ where
     let details = negotiate(&mut tls, &address.export, name, true).await?;
     let (r, w) = tokio::io::split(tls);
     Ok((details, Box::new(r), Box::new(w)))
-}
-
-/// State shared with the reader task.
-pub(crate) struct Shared {
-    pub(crate) address: String,
-    pub(crate) waiters: Mutex<Waiters>,
-}
-
-pub(crate) struct Waiters {
-    pub(crate) next_cookie: u64,
-    pub(crate) by_cookie: HashMap<u64, Waiter>,
-    /// Why the connection ended, once it has.
-    pub(crate) closed: Option<Closed>,
-}
-
-/// Why a connection ended: lost (EOF, an I/O error, given up on), or a protocol violation
-/// of the server's (its requests fail with [`ClientError::Protocol`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Closed {
-    why: String,
-    violation: bool,
-}
-
-impl Closed {
-    pub(crate) fn lost(why: impl Into<String>) -> Self {
-        Self { why: why.into(), violation: false }
-    }
-
-    pub(crate) fn violation(what: impl Into<String>) -> Self {
-        Self { why: what.into(), violation: true }
-    }
-
-    pub(crate) fn is_violation(&self) -> bool {
-        self.violation
-    }
-
-    fn error(&self, address: &str) -> ClientError {
-        let address = address.to_string();
-        if self.violation {
-            ClientError::Protocol { address, what: self.why.clone() }
-        } else {
-            ClientError::ConnectionLost { address, why: self.why.clone() }
-        }
-    }
-}
-
-impl Shared {
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Waiters> {
-        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Ends the connection: every waiter, and every later request, fails with the reason
-    /// (the first one given, when several race).
-    pub(crate) fn close(&self, closed: Closed) {
-        let (closed, waiting): (Closed, Vec<Waiter>) = {
-            let mut w = self.lock();
-            let closed = w.closed.get_or_insert(closed).clone();
-            (closed, w.by_cookie.drain().map(|(_, waiter)| waiter).collect())
-        };
-        for waiter in waiting {
-            waiter.fail(closed.error(&self.address));
-        }
-    }
-
-    pub(crate) fn new(address: String) -> Self {
-        Self { address, waiters: Mutex::new(Waiters { next_cookie: 1, by_cookie: HashMap::new(), closed: None }) }
-    }
 }
 
 /// A connection to one NBD export.

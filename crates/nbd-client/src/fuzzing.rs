@@ -9,9 +9,10 @@
 use nbd_server::fuzzing::{ScriptedStream, run_to_completion};
 use tokio::sync::oneshot;
 
-use crate::client::{Closed, Shared};
 use crate::error::ClientError;
-use crate::replies::{Ended, ReplyResult, Waiter, reply_loop};
+use crate::replies::{Ended, reply_loop};
+use crate::shared::{Closed, Shared};
+use crate::waiter::{ReplyResult, Waiter};
 
 /// One request of the input: command and high-offset flag, offset / 512 (4 bytes), length /
 /// 512 (2 bytes), one spare byte.

@@ -16,7 +16,10 @@
 //! - `handshake`: fixed newstyle, structured replies, GO with block sizes ([`ExportDetails`]).
 //! - `client`: [`Client`], requests checked against the export and pipelined with bounded
 //!   bytes in flight; `replies`: the reader task, which checks every reply before using it
-//!   (fuzzed: `fuzzing`, `fuzz/`).
+//!   (fuzzed: `fuzzing`, `fuzz/`); `shared`: the requests in flight and why the connection
+//!   ended, shared by both; `waiter`: one request in flight and what its reply has brought.
+//!   Dependencies point one way: `client` → `replies` → `shared` → `waiter` (each uses only
+//!   modules to its right).
 //! - `handoff`: [`handoff()`], a socket negotiated with simple replies for the kernel's
 //!   driver (`raidnbd attach`).
 //! - `error`: [`ClientError`]; an `Errno` fails one request, anything else the connection.
@@ -32,7 +35,9 @@ pub mod fuzzing;
 mod handoff;
 mod handshake;
 mod replies;
+mod shared;
 mod tls;
+mod waiter;
 
 pub use address::{DEFAULT_PORT, Endpoint, ExportAddress, MAX_CONNECTIONS, TlsCredentialFiles, TlsSettings};
 pub use client::{Client, ClientConfig};

@@ -18,94 +18,12 @@ use std::sync::Arc;
 use nbd_server::protocol::client_codec::{decode_error_chunk, decode_offset_hole};
 use nbd_server::protocol::consts::{SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, reply_flags, reply_type};
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
-use crate::client::{Closed, Shared};
-use crate::error::{ClientError, Result};
+use crate::shared::{Closed, Shared};
+use crate::waiter::{Violation, Waiter};
 
 /// Largest error chunk accepted: errno, message length, a 4 KiB message, an offset.
 pub(crate) const MAX_ERROR_CHUNK_BYTES: u32 = 4 + 2 + 4096 + 8;
-
-/// A READ's data so far, and the ranges of it received (relative to the request).
-type ReadSoFar = (Vec<u8>, Vec<(u32, u32)>);
-
-/// What a request's waiter receives: a READ's data, `None` for other commands.
-pub(crate) type ReplyResult = Result<Option<Vec<u8>>>;
-
-/// A request waiting for its reply.
-pub(crate) struct Waiter {
-    command: &'static str,
-    offset: u64,
-    len: u32,
-    read: Option<ReadSoFar>,
-    error: Option<(u32, String)>,
-    tx: oneshot::Sender<ReplyResult>,
-    _permit: Option<OwnedSemaphorePermit>,
-}
-
-/// Why a reply cannot be used: the connection ends with this.
-type Violation = String;
-
-impl Waiter {
-    pub(crate) fn new(
-        command: &'static str,
-        offset: u64,
-        len: u32,
-        is_read: bool,
-        tx: oneshot::Sender<ReplyResult>,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> Self {
-        let read = is_read.then(|| (vec![0u8; len as usize], Vec::new()));
-        Self { command, offset, len, read, error: None, tx, _permit: permit }
-    }
-
-    pub(crate) fn fail(self, e: ClientError) {
-        let _ = self.tx.send(Err(e));
-    }
-
-    /// `offset..offset + n` (absolute) as a range of this READ, which it must lie in without
-    /// overlapping what was received before; recorded as received.
-    fn cover(&mut self, offset: u64, n: u32) -> std::result::Result<std::ops::Range<usize>, Violation> {
-        let outside =
-            || format!("a chunk at {offset}+{n} outside the {} at {}+{}", self.command, self.offset, self.len);
-        let Some((_, ranges)) = &mut self.read else { return Err(format!("data for a {}", self.command)) };
-        let at = offset.checked_sub(self.offset).ok_or_else(outside)?;
-        let end = at.checked_add(u64::from(n)).filter(|&e| e <= u64::from(self.len)).ok_or_else(outside)?;
-        let (at, end) = (at as u32, end as u32); // both <= self.len, a u32
-        if ranges.iter().any(|&(a, b)| at < b && a < end) {
-            return Err(format!("overlapping data at {offset}+{n}"));
-        }
-        ranges.push((at, end));
-        Ok(at as usize..end as usize)
-    }
-
-    /// A violation if the reply is complete but a READ is not covered exactly.
-    fn check_complete(&self) -> std::result::Result<(), Violation> {
-        let Some((_, ranges)) = &self.read else { return Ok(()) };
-        let covered: u64 = ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
-        if self.error.is_none() && covered != u64::from(self.len) {
-            return Err(format!("READ at {}+{} answered with {covered} bytes", self.offset, self.len));
-        }
-        Ok(())
-    }
-
-    /// Answers the request (after [`check_complete`](Self::check_complete)).
-    fn finish(self, address: &str) {
-        let result = match (self.error, self.read) {
-            (Some((errno, message)), _) => Err(ClientError::Errno {
-                address: address.to_string(),
-                command: self.command,
-                offset: self.offset,
-                len: u64::from(self.len),
-                errno,
-                message,
-            }),
-            (None, Some((data, _))) => Ok(Some(data)),
-            (None, None) => Ok(None),
-        };
-        let _ = self.tx.send(result);
-    }
-}
 
 /// Reads replies until the connection ends, then fails whatever is still waiting.
 pub(crate) async fn read_replies<R: AsyncRead + Unpin>(mut reader: R, shared: Arc<Shared>, structured: bool) {

@@ -26,13 +26,16 @@
 //!   request decoding/validation, reply encoding, and the client's side (`client_codec`).
 //! - `handshake`: option haggling up to transmission; `transmission/`: the pipelined
 //!   request/reply engine of one connection, one concept per file (`connection`: framing;
-//!   `admission`: slots and byte permits; `receive`: payloads, in place or whole;
+//!   `admission`: slots and byte permits; `byte_budget`: a connection's reserve and pool
+//!   share; `receive`: payloads, in place or whole;
 //!   `dispatch`: the device call and its reply; `reply_writer`: batched vectored writes;
 //!   `mod`: the reader loop that answers ready requests itself and spawns the rest); `send_file`: [`ReplySink`], the write
 //!   half that sends file ranges without a server copy; [`RequestSource`], the read half that
-//!   waits for whole WRITE payloads; `listener`: [`Server`], accept loop,
-//!   limits and shutdown.
+//!   waits for whole WRITE payloads; `stream`: [`NbdStream`], a connection's stream and its
+//!   halves; `listener`: [`Server`], accept loop, limits and shutdown.
 //! - `tls`: [`Tls`] credentials (rustls for X.509, OpenSSL for PSK) and the TLS stream.
+//!   Dependencies point one way: `listener` → `handshake` → `tls` → `stream` (each uses
+//!   only modules to its right).
 //! - [`buffer_pool`]: recycled large I/O buffers (no page faults on every 1 MiB read).
 //! - `config`: [`Export`], [`ServerConfig`]; `advertise`: flags and block sizes derived
 //!   from a device; `error`: the crate's [`Error`] and the one device-error → NBD errno map.
@@ -61,6 +64,7 @@ mod listener;
 mod read_buffer;
 mod request_source;
 mod send_file;
+mod stream;
 mod tls;
 mod transmission;
 
@@ -74,10 +78,11 @@ pub use device::{
 pub use error::{Error, Result, device_errno};
 pub use file_device::FileDevice;
 pub use file_mapping::{FileMapping, FileMappings};
-pub use listener::{GenericStream, NbdListener, NbdStream, Peer, Server};
+pub use listener::{NbdListener, Peer, Server};
 pub use memory_device::MemoryDevice;
 pub use request_source::RequestSource;
 pub use send_file::ReplySink;
+pub use stream::{GenericStream, NbdStream};
 pub use tls::{Tls, TlsCredentials};
 
 /// The TLS credential files, as clients read them too (nbd-client's `nbds://`).

@@ -409,7 +409,7 @@ impl AsyncWrite for TcpTls {
     }
 }
 
-impl crate::listener::NbdStream for TcpTls {
+impl crate::stream::NbdStream for TcpTls {
     type ReadHalf = TcpTlsReadHalf;
     type WriteHalf = tokio::io::WriteHalf<TlsStream<TcpStream>>;
     fn into_halves(self) -> (Self::ReadHalf, Self::WriteHalf) {

@@ -10,6 +10,7 @@
 //!  engine     Array<M: Member>: turns block requests into member I/O, degraded mode,
 //!             per-stripe locking, RMW vs reconstruct-write
 //!  volume     the Volume trait an array and the layers stacked on it (write cache) serve
+//!  read_data  ReadData, what a volume read returns (member buffers, no copy); FileExtent
 //!  write_cache  the write-back cache, a Volume over an Array
 //!  member     the async member I/O trait backends implement; MemoryMember
 //!  conformance  (feature `testing`) the suite every Member implementation must pass
@@ -20,7 +21,8 @@
 //! ```
 //!
 //! Dependencies point one way: backends (member-io) implement [`member::Member`]; the
-//! binary drives [`engine::Array`]; nothing here knows about NBD.
+//! binary drives [`engine::Array`]; nothing here knows about NBD. Inside, `engine` implements
+//! `volume`, which uses `read_data`, which uses neither.
 
 pub mod bad_ranges;
 pub mod buf;
@@ -35,6 +37,7 @@ pub mod md;
 pub mod member;
 pub mod parity;
 pub mod ppl;
+pub mod read_data;
 pub mod volume;
 pub mod write_cache;
 

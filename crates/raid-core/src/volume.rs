@@ -24,8 +24,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::engine::{FileExtent, ReadData};
 use crate::error::{ErrorKind, RaidError, Result};
+use crate::read_data::{FileExtent, ReadData};
 
 /// A boxed, sendable future of a volume operation.
 pub type VolumeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;

@@ -1,13 +1,10 @@
 //! Admission: a request first takes one of the connection's request slots, then (READ and
-//! WRITE) its length in byte permits, before its payload is read or its read issued.
+//! WRITE) its length in byte permits ([`ByteBudget`], `byte_budget.rs`), before its payload is
+//! read or its read issued.
 //!
-//! Bytes come from the connection's own reserve ([`RESERVED_BYTES_PER_CONNECTION`], never
-//! shared) when it has room, else from the server-wide pool, of which one connection may hold
-//! at most its fair share (`ServerConfig::max_in_flight_bytes` / [`FAIR_SHARE_DIVISOR`], at
-//! least one maximum payload). So clients that stall (never read their replies, never send
-//! the payload they announced) can hold at most their share each, and every connection can
-//! still move small requests through its reserve: one client cannot starve the others.
-//! Memory held for requests stays below `max_connections` x reserve + the pool. Waits that may be abandoned (shutdown, a hard disconnect) go through
+//! Bytes come from the connection's reserve when it has room, else from the pool within the
+//! connection's share (share first, so a connection over its share waits without holding any
+//! of the pool). Waits that may be abandoned (shutdown, a hard disconnect) go through
 //! [`Gate::interruptible`]; before any wait the reader's collected replies are written, so it
 //! never waits while holding unwritten replies (no deadlock on its own permits).
 
@@ -19,41 +16,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::Transmission;
+use super::byte_budget::{ByteBudget, BytePermit};
 use super::reply_writer::{LocalReplies, SharedWriter};
 use crate::error::Result;
 use crate::send_file::ReplySink;
-
-/// Bytes each connection has to itself, outside the shared pool.
-pub(crate) const RESERVED_BYTES_PER_CONNECTION: u32 = 1 << 20;
-/// One connection may hold at most the pool divided by this (at least one maximum payload).
-pub(crate) const FAIR_SHARE_DIVISOR: usize = 4;
-
-/// Byte permits of one request, released when its reply has been written (or dropped).
-pub(super) enum BytePermit {
-    /// From the connection's own reserve.
-    Reserved { _permit: OwnedSemaphorePermit },
-    /// From the shared pool, within the connection's fair share.
-    Shared { _share: OwnedSemaphorePermit, _pool: OwnedSemaphorePermit },
-}
-
-/// The connection's byte budget: its reserve and its share of the server-wide pool.
-pub(super) struct ByteBudget {
-    pub(super) reserve: Arc<Semaphore>,
-    pub(super) share: Arc<Semaphore>,
-    pub(super) pool: Arc<Semaphore>,
-}
-
-impl ByteBudget {
-    /// A new connection's budget over the server-wide `pool` of `pool_bytes`.
-    pub(super) fn new(pool: Arc<Semaphore>, pool_bytes: usize) -> Self {
-        let share = (pool_bytes / FAIR_SHARE_DIVISOR).max(crate::protocol::consts::MAX_PAYLOAD_BYTES as usize);
-        Self {
-            reserve: Arc::new(Semaphore::new(RESERVED_BYTES_PER_CONNECTION as usize)),
-            share: Arc::new(Semaphore::new(share.min(pool_bytes))),
-            pool,
-        }
-    }
-}
 
 /// What admitting a request needs besides the socket (shared with other tasks, so `Sync`).
 pub(super) struct Gate<'a, W> {

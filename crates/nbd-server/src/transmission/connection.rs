@@ -9,7 +9,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::debug;
 
-use super::admission::{BytePermit, Gate};
+use super::admission::Gate;
+use super::byte_budget::BytePermit;
 use super::receive::{read_payload, receive_in_place, write_targets};
 use super::reply_writer::LocalReplies;
 use crate::device::DeviceError;

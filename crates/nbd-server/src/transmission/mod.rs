@@ -40,11 +40,14 @@
 //!
 //! Files, one concept each: `connection.rs` (the framing of one connection: headers,
 //! payloads, the in-place path via `receive.rs`), `admission.rs` (request slots and byte
-//! permits, interruptible waits), `dispatch.rs` (a request against the device, and its reply),
-//! `reply_writer.rs` (batched vectored writes of replies, file ranges), and this file (the
-//! reader loop that schedules them).
+//! permits, interruptible waits), `byte_budget.rs` (a connection's reserve and share of the
+//! pool, and the permits a request holds), `dispatch.rs` (a request against the device, and
+//! its reply), `reply_writer.rs` (batched vectored writes of replies, file ranges), and this
+//! file (the reader loop that schedules them). `admission` uses `reply_writer` (it writes out
+//! the reader's replies before it waits); both use `byte_budget`, which uses neither.
 
 mod admission;
+mod byte_budget;
 mod connection;
 mod dispatch;
 mod receive;
@@ -67,7 +70,8 @@ use crate::protocol::consts::cmd;
 use crate::protocol::request::{ExportLimits, Request};
 use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
-use admission::{ByteBudget, Gate};
+use admission::Gate;
+use byte_budget::ByteBudget;
 use connection::{Connection, Incoming, Payload};
 use dispatch::{RequestCtx, rejection_reply};
 use reply_writer::{LOCAL_FLUSH_REPLIES, LocalReplies, Outgoing, SocketWriter, write_batch, write_loop};

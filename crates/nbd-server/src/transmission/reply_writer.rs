@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::admission::BytePermit;
+use super::byte_budget::BytePermit;
 use crate::device::FileRange;
 use crate::error::{Error, Result};
 use crate::protocol::reply::{Reply, Segment};

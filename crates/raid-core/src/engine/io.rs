@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use futures::future::join_all;
 
 use super::Array;
-use super::read_data::ReadAssembler;
+use super::read_assembler::ReadAssembler;
 use super::slot::Device;
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use futures::future::join_all;
 
 use super::io::{Piece, coalesce};
-use super::read_data::{FileExtent, ReadAssembler, ReadData};
+use super::read_assembler::ReadAssembler;
 use super::slot::{Device, Slot};
 use super::{Array, DataPath, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
 use crate::SECTOR_BYTES;
@@ -21,6 +21,7 @@ use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Extent, Level};
 use crate::member::Member;
+use crate::read_data::{FileExtent, ReadData};
 
 /// Reads of raid10 prefer one copy per region of this many array sectors (1 MiB).
 const MIRROR_READ_REGION_SECTORS: u64 = 2048;

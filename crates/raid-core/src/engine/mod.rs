@@ -40,8 +40,8 @@ mod metadata;
 mod mirror;
 mod parity_log;
 mod quiesce;
+mod read_assembler;
 mod read_balance;
-mod read_data;
 mod scrub;
 mod slot;
 mod stripe;
@@ -60,9 +60,11 @@ pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 pub use parity_log::{MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, ParityLogStats, ReplayReport};
-pub use read_data::{FileExtent, ReadData, Segment};
 pub use scrub::ScrubCounts;
 pub use slot::{Device, RoleMember, SlotState};
+
+// The read result, defined with the Volume contract it is part of (crate::read_data).
+pub use crate::read_data::{FileExtent, ReadData, Segment};
 
 use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError, Result};

@@ -14,7 +14,7 @@ use futures::future::join_all;
 use super::io::Piece;
 use super::journal::LoggedRow;
 use super::parity_log::{Footprint, LogRequest, MAX_ENTRY_PP_BYTES, MAX_WAVE_ENTRIES, MAX_WAVE_PP_BYTES};
-use super::read_data::{ReadAssembler, ReadData};
+use super::read_assembler::ReadAssembler;
 use super::stripe_plan::{Mode, Segment, StripeWrite, choose_mode, segments, stripe_writes};
 use super::{Array, MAX_IO_BYTES};
 use crate::SECTOR_BYTES;
@@ -25,6 +25,7 @@ use crate::journal::{Payload, crc32c_le};
 use crate::member::Member;
 use crate::parity::{self, BlockKind};
 use crate::ppl::PplEntry;
+use crate::read_data::ReadData;
 
 /// Where the new data of a write comes from.
 #[derive(Clone, Copy)]

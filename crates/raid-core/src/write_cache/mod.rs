@@ -49,9 +49,10 @@ mod writeback;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::SECTOR_BYTES;
-use crate::engine::{Array, ReadData};
+use crate::engine::Array;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
+use crate::read_data::ReadData;
 use crate::volume::{Volume, VolumeFuture};
 pub use budget::CHUNK_OVERHEAD_BYTES;
 use budget::{Budget, Chunk};

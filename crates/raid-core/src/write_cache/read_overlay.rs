@@ -5,7 +5,7 @@
 
 use super::extent_map::Extent;
 use crate::buf::AlignedBuf;
-use crate::engine::{ReadData, Segment};
+use crate::read_data::{ReadData, Segment};
 
 /// The read of `[offset, offset + len)` when `pieces` (clipped, in order) cover all of it.
 pub(super) fn from_cache(offset_bytes: u64, len_bytes: usize, pieces: &[(u64, Extent)]) -> ReadData {

@@ -1,0 +1,96 @@
+//! [`Waiter`]: one request in flight, waiting for its reply, and what it has received so far.
+//!
+//! Contract: a waiter is answered at most once, by [`finish`](Waiter::finish) (the reply is
+//! complete) or [`fail`](Waiter::fail) (the connection ended), which take it by value; one
+//! dropped unanswered reads as a lost connection to its caller. Its byte permit is released
+//! with it. [`cover`](Waiter::cover) accepts a READ's chunk only inside the request and
+//! without overlap, and [`check_complete`](Waiter::check_complete) only a READ covered
+//! exactly (unless the server sent an error), so a READ never returns a byte the server did
+//! not send for that offset. A broken rule is a [`Violation`], which ends the connection.
+
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+
+use crate::error::{ClientError, Result};
+
+/// A READ's data so far, and the ranges of it received (relative to the request).
+pub(crate) type ReadSoFar = (Vec<u8>, Vec<(u32, u32)>);
+
+/// What a request's waiter receives: a READ's data, `None` for other commands.
+pub(crate) type ReplyResult = Result<Option<Vec<u8>>>;
+
+/// A request waiting for its reply.
+pub(crate) struct Waiter {
+    pub(crate) command: &'static str,
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
+    /// A READ's data so far; `None` for other commands.
+    pub(crate) read: Option<ReadSoFar>,
+    /// The first error the server sent for it (errno, message).
+    pub(crate) error: Option<(u32, String)>,
+    tx: oneshot::Sender<ReplyResult>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Why a reply cannot be used: the connection ends with this.
+pub(crate) type Violation = String;
+
+impl Waiter {
+    pub(crate) fn new(
+        command: &'static str,
+        offset: u64,
+        len: u32,
+        is_read: bool,
+        tx: oneshot::Sender<ReplyResult>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
+        let read = is_read.then(|| (vec![0u8; len as usize], Vec::new()));
+        Self { command, offset, len, read, error: None, tx, _permit: permit }
+    }
+
+    pub(crate) fn fail(self, e: ClientError) {
+        let _ = self.tx.send(Err(e));
+    }
+
+    /// `offset..offset + n` (absolute) as a range of this READ, which it must lie in without
+    /// overlapping what was received before; recorded as received.
+    pub(crate) fn cover(&mut self, offset: u64, n: u32) -> std::result::Result<std::ops::Range<usize>, Violation> {
+        let outside =
+            || format!("a chunk at {offset}+{n} outside the {} at {}+{}", self.command, self.offset, self.len);
+        let Some((_, ranges)) = &mut self.read else { return Err(format!("data for a {}", self.command)) };
+        let at = offset.checked_sub(self.offset).ok_or_else(outside)?;
+        let end = at.checked_add(u64::from(n)).filter(|&e| e <= u64::from(self.len)).ok_or_else(outside)?;
+        let (at, end) = (at as u32, end as u32); // both <= self.len, a u32
+        if ranges.iter().any(|&(a, b)| at < b && a < end) {
+            return Err(format!("overlapping data at {offset}+{n}"));
+        }
+        ranges.push((at, end));
+        Ok(at as usize..end as usize)
+    }
+
+    /// A violation if the reply is complete but a READ is not covered exactly.
+    pub(crate) fn check_complete(&self) -> std::result::Result<(), Violation> {
+        let Some((_, ranges)) = &self.read else { return Ok(()) };
+        let covered: u64 = ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
+        if self.error.is_none() && covered != u64::from(self.len) {
+            return Err(format!("READ at {}+{} answered with {covered} bytes", self.offset, self.len));
+        }
+        Ok(())
+    }
+
+    /// Answers the request (after [`check_complete`](Self::check_complete)).
+    pub(crate) fn finish(self, address: &str) {
+        let result = match (self.error, self.read) {
+            (Some((errno, message)), _) => Err(ClientError::Errno {
+                address: address.to_string(),
+                command: self.command,
+                offset: self.offset,
+                len: u64::from(self.len),
+                errno,
+                message,
+            }),
+            (None, Some((data, _))) => Ok(Some(data)),
+            (None, None) => Ok(None),
+        };
+        let _ = self.tx.send(result);
+    }
+}
