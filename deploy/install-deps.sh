@@ -4,13 +4,20 @@
 #   deploy/install-deps.sh            # as root, or through sudo; deploy/test-all.sh runs it
 #   deploy/install-deps.sh --check    # only the check: exit 1 naming each missing package
 #
+# qemu: qemu-utils and qemu-system-x86 both come from bookworm-backports (qemu 10: extended
+# headers in qemu-img, qemu-io and qemu-nbd, and the VM rig's qemu) when that suite is
+# reachable; on Debian 12 without a source for it, one is added
+# (/etc/apt/sources.list.d/raidnbd-bookworm-backports.sources) and removed again if it cannot
+# be fetched. Otherwise both come from Debian 12 (7.2).
+#
 # Why it is careful: one apt call may remove what an earlier one installed. A machine that comes
 # with a newer qemu-utils (bookworm-backports' 10.x) loses it when Debian 12's qemu-system-x86
 # is installed (qemu-utils 10 Breaks qemu-system-common << 8.0), so "installed" before apt runs
 # says nothing about after. Hence:
 #   1. the whole package list goes to ONE apt-get install, so apt resolves versions together;
-#   2. qemu-utils is asked for at qemu-system-x86's candidate version when the two differ
-#      (--allow-downgrades): the qemu packages then come from one release;
+#   2. the two qemu packages are asked for from one release: `PKG/bookworm-backports` for both,
+#      or, without backports, qemu-utils at qemu-system-x86's candidate version when the two
+#      differ (--allow-downgrades);
 #   3. after apt, every command the tests run is looked up, and a missing one fails the script
 #      naming the package that provides it.
 # Sourcing this file (as deploy/tests/install-deps-test.sh does) defines the functions only.
@@ -40,8 +47,51 @@ REQUIRED_TOOLS=(
 INSTALL_DEPS_PYTHON=/usr/bin/python3
 INSTALL_DEPS_BOOT=/boot
 
+# apt's configuration, as variables so that the test can point them elsewhere.
+INSTALL_DEPS_SOURCES_LIST=/etc/apt/sources.list
+INSTALL_DEPS_SOURCES_DIR=/etc/apt/sources.list.d
+INSTALL_DEPS_LISTS=/var/lib/apt/lists
+INSTALL_DEPS_OS_RELEASE=/etc/os-release
+BACKPORTS=bookworm-backports
+
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+# backports_configured -> true when an apt source names bookworm-backports.
+backports_configured() {
+  grep -qs -- "$BACKPORTS" "$INSTALL_DEPS_SOURCES_LIST" "$INSTALL_DEPS_SOURCES_DIR"/* 2>/dev/null
+}
+
+# our_backports_source -> the file this script adds (and removes when the suite is unreachable).
+our_backports_source() { echo "$INSTALL_DEPS_SOURCES_DIR/raidnbd-$BACKPORTS.sources"; }
+
+# add_backports_source: on Debian 12 without a source for bookworm-backports, adds one.
+add_backports_source() {
+  backports_configured && return 0
+  grep -qs '^VERSION_CODENAME=bookworm$' "$INSTALL_DEPS_OS_RELEASE" || return 0
+  echo "== adding an apt source for $BACKPORTS (qemu 10)"
+  printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$BACKPORTS" | $SUDO tee "$(our_backports_source)" >/dev/null
+}
+
+# backports_fetched -> true when apt has the suite's package list (after apt-get update).
+backports_fetched() {
+  ls "$INSTALL_DEPS_LISTS"/*"${BACKPORTS}"*Packages* >/dev/null 2>&1
+}
+
+# backports_version PKG -> the version bookworm-backports offers, or nothing.
+backports_version() {
+  apt-cache madison "$1" 2>/dev/null | awk -F'|' -v s=" $BACKPORTS/" 'index($3, s) {gsub(/ /, "", $2); print $2; exit}'
+}
+
+# qemu_backports_version -> the version of qemu-utils and qemu-system-x86 in bookworm-backports
+# when it offers both at one version, else nothing.
+qemu_backports_version() {
+  local utils system
+  utils=$(backports_version qemu-utils) system=$(backports_version qemu-system-x86)
+  [ -n "$utils" ] && [ "$utils" = "$system" ] && echo "$utils"
+  return 0
+}
 
 # pkg_version PKG -> the installed version, or nothing.
 pkg_version() {
@@ -55,13 +105,17 @@ candidate_version() {
 }
 
 # install_requests -> the package arguments of the one apt-get install call, one per line:
-# the list as it is, but qemu-utils pinned to qemu-system-x86's candidate when they differ.
+# the list as it is, with both qemu packages from bookworm-backports when it offers them, else
+# qemu-utils pinned to qemu-system-x86's candidate when they differ.
 install_requests() {
-  local p want have
+  local p want have backports
+  backports=$(qemu_backports_version)
   want=$(candidate_version qemu-system-x86)
   have=$(candidate_version qemu-utils)
   for p in "${PACKAGES[@]}"; do
-    if [ "$p" = qemu-utils ] && [ -n "$want" ] && [ "$want" != "$have" ]; then
+    if [ -n "$backports" ] && { [ "$p" = qemu-utils ] || [ "$p" = qemu-system-x86 ]; }; then
+      echo "$p/$BACKPORTS"
+    elif [ "$p" = qemu-utils ] && [ -n "$want" ] && [ "$want" != "$have" ]; then
       echo "qemu-utils=$want"
     else
       echo "$p"
@@ -69,23 +123,47 @@ install_requests() {
   done
 }
 
-# packages_settled -> true when every package is installed and qemu-utils is of the same
-# version as qemu-system-x86 (so no apt call is needed).
+# packages_settled -> true when every package is installed, qemu-utils is of the same version
+# as qemu-system-x86, and, where bookworm-backports is configured, its list was fetched and the
+# qemu packages are its version (so no apt call is needed).
 packages_settled() {
   local p
   for p in "${PACKAGES[@]}"; do
     [ -n "$(pkg_version "$p")" ] || return 1
   done
-  [ "$(pkg_version qemu-utils)" = "$(pkg_version qemu-system-x86)" ]
+  [ "$(pkg_version qemu-utils)" = "$(pkg_version qemu-system-x86)" ] || return 1
+  if backports_configured; then
+    backports_fetched || return 1
+    local backports
+    backports=$(qemu_backports_version)
+    [ -z "$backports" ] || [ "$(pkg_version qemu-utils)" = "$backports" ] || return 1
+  fi
+  return 0
+}
+
+# update_package_lists: apt-get update; when the bookworm-backports source this script added
+# cannot be fetched, it is removed and Debian 12's qemu is used.
+update_package_lists() {
+  local ours rc=0
+  ours=$(our_backports_source)
+  $SUDO apt-get update -qq || rc=$?
+  if [ -e "$ours" ] && { [ "$rc" -ne 0 ] || ! backports_fetched; }; then
+    echo "== $BACKPORTS is unreachable: removing its source, using Debian 12's qemu"
+    $SUDO rm -f "$ours"
+    rc=0
+    $SUDO apt-get update -qq || rc=$?
+  fi
+  return "$rc"
 }
 
 install_packages() {
+  add_backports_source
   if packages_settled; then
-    echo "== Debian packages: all installed"
+    echo "== Debian packages: all installed (qemu $(pkg_version qemu-utils))"
     return 0
   fi
   echo "== installing Debian packages (one apt call)"
-  $SUDO apt-get update -qq
+  update_package_lists
   local requests
   mapfile -t requests < <(install_requests)
   echo "   ${requests[*]}"

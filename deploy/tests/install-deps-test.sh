@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tests deploy/install-deps.sh against fake apt-get, apt-cache and dpkg-query on PATH that
-# behave as apt does on this project's machine kind: qemu-utils 10 (bookworm-backports) comes
-# preinstalled, and installing Debian 12's qemu-system-x86 without pinning qemu-utils to 7.2
-# removes qemu-utils (its Breaks: qemu-system-common << 8.0).
+# behave as apt does on this project's machine kind: qemu-utils 10 (bookworm-backports) may come
+# preinstalled, installing Debian 12's qemu-system-x86 without pinning qemu-utils to 7.2
+# removes qemu-utils (its Breaks: qemu-system-common << 8.0), and bookworm-backports (qemu 10
+# for both) is reachable or not ($FAKE_BACKPORTS).
 #
 #   deploy/tests/install-deps-test.sh     # last line: "N passed, N failed"
 set -uo pipefail
@@ -29,7 +30,18 @@ EOF
 #!/bin/bash
 # apt-cache policy PKG: Debian 12 offers 7.2 for qemu, 1.0 for the rest; an installed newer
 # version stays the candidate (apt never downgrades by itself).
+# apt-cache madison PKG: also bookworm-backports' qemu 10 once its list was fetched.
 pkg=$2
+if [ "$1" = madison ]; then
+  case $pkg in
+    qemu-*)
+      ! ls "$FAKE_LISTS"/*bookworm-backports*Packages* >/dev/null 2>&1 \
+        || echo " $pkg | 1:10.0.2+ds-2+deb13u1~bpo12+1 | http://deb.debian.org/debian bookworm-backports/main amd64 Packages"
+      echo " $pkg | 1:7.2+dfsg-7+deb12u18+b3 | http://deb.debian.org/debian bookworm/main amd64 Packages" ;;
+    *) echo " $pkg | 1.0 | http://deb.debian.org/debian bookworm/main amd64 Packages" ;;
+  esac
+  exit 0
+fi
 inst=$(awk -v p="$pkg" '$1 == p {print $2}' "$FAKE_STATE")
 case $pkg in qemu-*) repo=1:7.2+dfsg-7+deb12u18+b3 ;; *) repo=1.0 ;; esac
 cand=$repo
@@ -39,12 +51,27 @@ EOF
   cat > "$d/bin/apt-get" <<'EOF'
 #!/bin/bash
 echo "apt-get $*" >> "$FAKE_LOG"
-[ "$1" = update ] && exit 0
+if [ "$1" = update ]; then
+  # Fetches bookworm-backports' list when a source names it and it is reachable.
+  rm -f "$FAKE_LISTS"/*
+  if grep -qs bookworm-backports "$FAKE_SOURCES"/* && [ "$FAKE_BACKPORTS" = reachable ]; then
+    : > "$FAKE_LISTS/deb.debian.org_debian_dists_bookworm-backports_main_binary-amd64_Packages"
+  fi
+  exit 0
+fi
 [ "$1" = install ] || exit 100
 shift
 pins=() names=()
 for a in "$@"; do
-  case $a in -*) ;; *=*) pins+=("$a"); names+=("${a%%=*}") ;; *) names+=("$a") ;; esac
+  case $a in
+    -*) ;;
+    *=*) pins+=("$a"); names+=("${a%%=*}") ;;
+    */bookworm-backports)
+      ls "$FAKE_LISTS"/*bookworm-backports*Packages* >/dev/null 2>&1 \
+        || { echo "E: Release 'bookworm-backports' for '${a%/*}' was not found" >&2; exit 100; }
+      pins+=("${a%/*}=1:10.0.2+ds-2+deb13u1~bpo12+1"); names+=("${a%/*}") ;;
+    *) names+=("$a") ;;
+  esac
 done
 repo_version() { case $1 in qemu-*) echo 1:7.2+dfsg-7+deb12u18+b3 ;; *) echo 1.0 ;; esac; }
 for n in "${names[@]}"; do
@@ -71,15 +98,17 @@ exit 0
 EOF
   printf '#!/bin/sh\nexit 0\n' > "$d/bin/python3" # Debian's python with the nbd module
   chmod +x "$d/bin"/*
-  mkdir -p "$d/tools" "$d/boot"
+  mkdir -p "$d/tools" "$d/boot" "$d/sources" "$d/lists"
   : > "$d/boot/vmlinuz-6.1.0-57-amd64"
+  echo VERSION_CODENAME=bookworm > "$d/os-release"
 }
 
-# run_case PRESTATE [PRELUDE]: runs install_packages and check_tools in a subshell with only
-# the fakes on PATH (plus the shell's basics); PRELUDE is evaluated after sourcing the script.
-# Leaves $d with out (output), rc, log (apt calls) and state (installed packages).
+# run_case PRESTATE [PRELUDE] [BACKPORTS]: runs install_packages and check_tools in a subshell
+# with only the fakes on PATH (plus the shell's basics); PRELUDE is evaluated after sourcing
+# the script; BACKPORTS is "reachable" or "unreachable" (default). Leaves $d with out
+# (output), rc, log (apt calls), state (installed packages), sources and lists (apt's).
 run_case() {
-  local prestate=$1 prelude=${2:-}
+  local prestate=$1 prelude=${2:-} backports=${3:-unreachable}
   d=$(mktemp -d)
   make_fakes "$d"
   printf '%s' "$prestate" > "$d/state"
@@ -90,6 +119,9 @@ run_case() {
     eval "$prelude"
     printf '%s\n' "${REQUIRED_TOOLS[@]}" > "$d/toolmap"
     export FAKE_STATE=$d/state FAKE_LOG=$d/log FAKE_TOOLS=$d/tools FAKE_TOOLMAP=$d/toolmap
+    export FAKE_SOURCES=$d/sources FAKE_LISTS=$d/lists FAKE_BACKPORTS=$backports
+    INSTALL_DEPS_SOURCES_LIST=$d/sources.list INSTALL_DEPS_SOURCES_DIR=$d/sources
+    INSTALL_DEPS_LISTS=$d/lists INSTALL_DEPS_OS_RELEASE=$d/os-release
     SUDO=""
     basics=$d/basics
     mkdir -p "$basics"
@@ -127,11 +159,45 @@ else
   bad "removed qemu-utils not caught (rc $(cat "$d/rc")): $(cat "$d/out")"
 fi
 
-# 4. A settled machine: no apt call at all.
+if [ ! -e "$d/sources/raidnbd-bookworm-backports.sources" ]; then ok "unreachable backports: its source removed again"; else bad "unreachable backports source left behind"; fi
+
+# 4. A settled machine (backports fetched, qemu 10 from it): no apt call at all.
 run_case "" 'for p in "${PACKAGES[@]}"; do
-    case $p in qemu-*) echo "$p 1:7.2+dfsg-7+deb12u18+b3" ;; *) echo "$p 1.0" ;; esac
-  done > "$d/state"'
+    case $p in qemu-*) echo "$p 1:10.0.2+ds-2+deb13u1~bpo12+1" ;; *) echo "$p 1.0" ;; esac
+  done > "$d/state"
+  echo "Suites: bookworm-backports" > "$d/sources/backports.sources"
+  : > "$d/lists/deb.debian.org_debian_dists_bookworm-backports_main_binary-amd64_Packages"' reachable
 if [ ! -s "$d/log" ]; then ok "settled machine: no apt call"; else bad "settled machine called apt: $(cat "$d/log")"; fi
+
+# 5. Plain Debian 12 with bookworm-backports reachable: its source is added, both qemu packages
+#    come from it in the one install call, and every tool is there.
+run_case "" "" reachable
+if [ "$(cat "$d/rc")" = 0 ]; then ok "backports reachable: install passes"; else bad "backports reachable: install failed: $(cat "$d/out")"; fi
+if [ -e "$d/sources/raidnbd-bookworm-backports.sources" ]; then ok "backports source added"; else bad "no backports source added"; fi
+if grep -q 'qemu-utils/bookworm-backports' "$d/log" && grep -q 'qemu-system-x86/bookworm-backports' "$d/log" \
+   && [ "$(grep -c '^apt-get install' "$d/log")" = 1 ]; then
+  ok "both qemu packages from bookworm-backports, one install call"
+else
+  bad "qemu not asked from backports in one call: $(cat "$d/log")"
+fi
+if grep -q '^qemu-utils 1:10' "$d/state" && grep -q '^qemu-system-x86 1:10' "$d/state"; then ok "qemu 10 installed for both"; else bad "qemu versions after apt: $(grep qemu "$d/state")"; fi
+
+# 6. qemu-utils 10 preinstalled and backports reachable: no downgrade, no pin to 7.2.
+run_case "qemu-utils 1:10.0.2+ds-2+deb13u1~bpo12+1
+" "" reachable
+if [ "$(cat "$d/rc")" = 0 ] && ! grep -q 'qemu-utils=1:7.2' "$d/log" && grep -q '^qemu-utils 1:10' "$d/state"; then
+  ok "newer qemu-utils with backports: kept, no downgrade"
+else
+  bad "newer qemu-utils with backports: rc $(cat "$d/rc"), log $(cat "$d/log"), state $(grep qemu "$d/state")"
+fi
+
+# 7. A machine that is not Debian 12 gets no backports source.
+run_case "" 'echo VERSION_CODENAME=trixie > "$d/os-release"' reachable
+if [ ! -e "$d/sources/raidnbd-bookworm-backports.sources" ] && ! grep -q bookworm-backports "$d/log"; then
+  ok "not bookworm: no backports source"
+else
+  bad "backports on a non-bookworm machine: $(cat "$d/log")"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
