@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use nbd_server::protocol::consts::{STRUCTURED_REPLY_MAGIC, cmd, opt, rep, reply_flags, reply_type, tflags};
+use nbd_server::protocol::framing::Framing;
 use nbd_server::protocol::handshake_codec::{
     OPTION_HEADER_LEN, decode_option_header, encode_greeting, info_export_data, put_option_reply,
 };
@@ -226,7 +227,7 @@ fn transmission(state: &State, stream: &mut TcpStream) -> std::io::Result<()> {
     loop {
         let mut h = [0u8; REQUEST_HEADER_LEN];
         stream.read_exact(&mut h)?;
-        let Ok(Some(h)) = decode_request_header(&h) else { return Ok(()) };
+        let Ok(Some(h)) = decode_request_header(&h, Framing::Structured) else { return Ok(()) };
         let (offset, len) = (h.offset, h.length as usize);
         let mut payload = Vec::new();
         if h.command == cmd::WRITE {

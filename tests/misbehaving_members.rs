@@ -165,8 +165,10 @@ fn hostile_state(status: &serde_json::Value, uri: &str) -> (String, serde_json::
 /// What the hostile member must end as under a misbehaviour.
 #[derive(Clone, Copy, Debug)]
 enum Outcome {
-    /// Faulty, its link in this state, its last error of this kind.
-    Faulty(&'static str, &'static str),
+    /// Faulty, its link in this state, its last error of one of these kinds (the first is
+    /// the misbehaviour's own, and its count must be above 0; a reconnect to a server that
+    /// closes at once can also end in a timeout on a loaded machine, which is as true).
+    Faulty(&'static str, &'static [&'static str]),
     /// Still in sync and connected: nothing was wrong with its data.
     Kept,
 }
@@ -195,12 +197,18 @@ fn misbehave(mode: Misbehaviour, outcome: Outcome) {
     assert_eq!(right, results.len(), "{mode:?}: the array has parity to rebuild them: {results:?}");
 
     let status = match outcome {
-        Outcome::Faulty(link_state, error_kind) => {
+        Outcome::Faulty(link_state, error_kinds) => {
             let status =
                 array.wait_for("the member faulty", |state, link| state == "faulty" && link["state"] != "connected");
             let (_, link) = hostile_state(&status, &array.hostile.uri());
             assert_eq!(link["state"], link_state, "{mode:?}: {status:#}");
-            assert_eq!(link["last_error"]["kind"], error_kind, "{mode:?}: {status:#}");
+            let last = link["last_error"]["kind"].as_str().unwrap_or_default();
+            assert!(error_kinds.contains(&last), "{mode:?}: last error {last:?}: {status:#}");
+            assert!(
+                link["errors"][error_kinds[0]].as_u64() > Some(0),
+                "{mode:?}: no {} errors: {status:#}",
+                error_kinds[0]
+            );
             assert!(armed.elapsed() < MEMBER_TIMEOUT * 8, "{mode:?}: faulty only after {:?}", armed.elapsed());
             status
         }
@@ -238,14 +246,14 @@ fn a_member_that_stalls_at_any_step_is_failed_within_the_timeout_and_never_hangs
         Misbehaviour::StallMidReply,
         Misbehaviour::Drip,
     ] {
-        misbehave(mode, Outcome::Faulty("lost", "timeout"));
+        misbehave(mode, Outcome::Faulty("lost", &["timeout"]));
     }
 }
 
 #[test]
 fn a_member_that_closes_at_once_is_failed_without_a_flood_of_reconnects() {
-    misbehave(Misbehaviour::CloseAfterAccept, Outcome::Faulty("lost", "connection"));
-    misbehave(Misbehaviour::CloseAfterFirstReply, Outcome::Faulty("lost", "connection"));
+    misbehave(Misbehaviour::CloseAfterAccept, Outcome::Faulty("lost", &["connection", "timeout"]));
+    misbehave(Misbehaviour::CloseAfterFirstReply, Outcome::Faulty("lost", &["connection", "timeout"]));
 }
 
 #[test]
@@ -257,9 +265,9 @@ fn a_member_that_breaks_the_protocol_is_failed_and_never_serves_a_wrong_byte() {
         Misbehaviour::OversizedPayload,
         Misbehaviour::UnknownReplyType,
     ] {
-        misbehave(mode, Outcome::Faulty("misbehaved", "protocol"));
+        misbehave(mode, Outcome::Faulty("misbehaved", &["protocol"]));
     }
-    misbehave(Misbehaviour::UnknownErrorCode, Outcome::Faulty("failed", "io"));
+    misbehave(Misbehaviour::UnknownErrorCode, Outcome::Faulty("failed", &["io"]));
     misbehave(Misbehaviour::ChunksOutOfOrder, Outcome::Kept);
 }
 

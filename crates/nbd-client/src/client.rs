@@ -269,7 +269,7 @@ impl Client {
             w.by_cookie.insert(cookie, Waiter::new(name, offset, len, command == cmd::READ, tx, Some(permit)));
             cookie
         };
-        let header = RequestHeader { flags, command, cookie, offset, length: len };
+        let header = RequestHeader { flags, command, cookie, offset, length: len.into() };
         // Written by its own task: a dropped caller never leaves half a request on the wire.
         let (writer, shared) = (self.writer.clone(), self.shared.clone());
         let send = tokio::spawn(async move {

@@ -257,8 +257,8 @@ async fn hostile(reply: fn(u64, u64, u32) -> Vec<u8>) -> Result<Vec<u8>, ClientE
         }
         let mut h = [0u8; REQUEST_HEADER_LEN];
         s.read_exact(&mut h).await.unwrap();
-        let h = decode_request_header(&h).unwrap().unwrap();
-        let _ = s.write_all(&reply(h.cookie, h.offset, h.length)).await;
+        let h = decode_request_header(&h, nbd_server::protocol::framing::Framing::Structured).unwrap().unwrap();
+        let _ = s.write_all(&reply(h.cookie, h.offset, h.length as u32)).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
     });
     let address = ExportAddress::parse(&format!("nbd://127.0.0.1:{port}/")).unwrap();

@@ -27,12 +27,13 @@ use crate::config::Export;
 use crate::device::{Extent, FileRange, ReadChunk};
 use crate::handshake::{Policy, TlsState, negotiate};
 use crate::memory_device::MemoryDevice;
-use crate::protocol::consts::{MAX_PAYLOAD_BYTES, NBDMAGIC, OPTION_REPLY_MAGIC, cmd, reply_flags, reply_type};
-use crate::protocol::read_reply::{ReadFraming, read_reply};
-use crate::protocol::reply::{decode_chunk_header, decode_simple_reply, encode_extents};
-use crate::protocol::request::{
-    ExportLimits, REQUEST_HEADER_LEN, Request, decode_request_header, payload_len, validate_request,
+use crate::protocol::consts::{
+    MAX_PAYLOAD_BYTES, NBDMAGIC, OPTION_REPLY_MAGIC, cmd, cmd_flags, reply_flags, reply_type,
 };
+use crate::protocol::framing::{Framing, ReplyTo};
+use crate::protocol::read_reply::read_reply;
+use crate::protocol::reply::{decode_chunk_header, decode_extended_chunk_header, decode_simple_reply, encode_extents};
+use crate::protocol::request::{ExportLimits, Request, decode_request_header, payload_len, validate_request};
 
 /// Peer bytes from a slice, in pieces of at most `piece` bytes; writes are collected.
 /// (Also the nbd-client fuzz target's server.)
@@ -118,7 +119,7 @@ pub fn handshake(input: &[u8]) {
     assert!(rest.is_empty() || rest.len() == 10 || rest.len() == 134, "stray bytes after option replies");
     if let Ok(crate::handshake::Outcome::Transmission(n)) = outcome {
         assert!(n.export_index < exports().len());
-        assert!(!n.meta_context_selected || n.structured_replies);
+        assert!(!n.meta_context_selected || n.framing.structured());
     }
 }
 
@@ -128,16 +129,24 @@ pub fn requests(input: &[u8]) {
     let limits = ExportLimits {
         size_bytes: u64::from_le_bytes(config[..8].try_into().expect("8 bytes")),
         transmission_flags: u16::from_le_bytes([config[8], config[9]]),
-        structured_replies: config[10] & 1 != 0,
+        framing: match config[10] & 1 | (config[10] >> 1) & 2 {
+            0 => Framing::Simple,
+            1 => Framing::Structured,
+            _ => Framing::Extended,
+        },
         meta_context_selected: config[10] & 2 != 0,
         min_block_bytes: 1 << (config[11] % 17),
         max_payload_bytes: MAX_PAYLOAD_BYTES,
     };
-    while let Ok(Some(header)) = decode_request_header(rest) {
-        rest = &rest[REQUEST_HEADER_LEN..];
-        let Ok(payload) = payload_len(&header) else { break };
+    while let Ok(Some(header)) = decode_request_header(rest, limits.framing) {
+        rest = &rest[limits.framing.request_header_len()..];
+        let Ok(payload) = payload_len(&header, limits.framing) else { break };
         assert!(payload <= MAX_PAYLOAD_BYTES);
-        assert!(payload == 0 || header.command == cmd::WRITE);
+        assert!(
+            payload == 0
+                || header.command == cmd::WRITE
+                || (limits.framing.extended() && header.flags & cmd_flags::PAYLOAD_LEN != 0)
+        );
         match validate_request(&header, &limits) {
             Ok(request) => check_accepted(&request, &header, &limits),
             Err(rejection) => assert_ne!(rejection.errno, 0),
@@ -148,23 +157,22 @@ pub fn requests(input: &[u8]) {
 
 fn check_accepted(request: &Request, header: &crate::protocol::request::RequestHeader, limits: &ExportLimits) {
     let (offset, len) = match *request {
-        Request::Read { offset, len, .. }
-        | Request::Write { offset, len, .. }
-        | Request::Trim { offset, len, .. }
+        Request::Read { offset, len, .. } | Request::Write { offset, len, .. } => (offset, u64::from(len)),
+        Request::Trim { offset, len, .. }
         | Request::Cache { offset, len }
         | Request::WriteZeroes { offset, len, .. }
         | Request::BlockStatus { offset, len, .. } => (offset, len),
         Request::Disc | Request::Flush => return,
     };
     assert_eq!((offset, len), (header.offset, header.length));
-    let end = offset.checked_add(u64::from(len)).expect("accepted range must not wrap");
+    let end = offset.checked_add(len).expect("accepted range must not wrap");
     assert!(end <= limits.size_bytes, "accepted range past the end");
     assert!(offset.is_multiple_of(u64::from(limits.min_block_bytes)), "accepted offset misaligned");
     if matches!(request, Request::Read { .. } | Request::Write { .. }) {
-        assert!(len <= limits.max_payload_bytes);
+        assert!(len <= u64::from(limits.max_payload_bytes));
     }
     if matches!(request, Request::BlockStatus { .. }) {
-        assert!(len > 0 && limits.structured_replies && limits.meta_context_selected);
+        assert!(len > 0 && limits.framing.structured() && limits.meta_context_selected);
     }
     if matches!(request, Request::Write { .. } | Request::Trim { .. } | Request::WriteZeroes { .. }) {
         assert_eq!(limits.transmission_flags & crate::protocol::consts::tflags::READ_ONLY, 0);
@@ -174,11 +182,13 @@ fn check_accepted(request: &Request, header: &crate::protocol::request::RequestH
 /// Frames input-chosen READ chunks and decodes the reply back.
 pub fn read_replies(input: &[u8]) {
     let Some((&mode, rest)) = input.split_first() else { return };
+    // mode % 3: simple, structured, DF; mode / 3 % 2 with a structured one: extended headers.
     let framing = match mode % 3 {
-        0 => ReadFraming::Simple,
-        1 => ReadFraming::Structured,
-        _ => ReadFraming::Unfragmented,
+        0 => Framing::Simple,
+        _ if mode / 3 % 2 == 1 => Framing::Extended,
+        _ => Framing::Structured,
     };
+    let df = mode % 3 == 2;
     // Chunks: a tag byte (by tag % 3: data, zeroes, a range of a file) and a 2-byte length.
     let mut chunks = Vec::new();
     let mut expected = Vec::new();
@@ -213,16 +223,15 @@ pub fn read_replies(input: &[u8]) {
     let offset = 1u64 << 40;
     let cookie = 0x1234_5678;
     let len = expected.len() as u32;
-    let wire = read_reply(cookie, offset, len, framing, Ok(chunks)).to_vec();
+    let to = ReplyTo { framing, cookie, offset };
+    let wire = read_reply(to, len, df, Ok(chunks)).to_vec();
     let got = match framing {
-        ReadFraming::Simple => {
+        Framing::Simple => {
             let header = decode_simple_reply(&wire).expect("simple reply");
             assert_eq!((header.error, header.cookie), (0, cookie));
             wire[16..].to_vec()
         }
-        ReadFraming::Structured | ReadFraming::Unfragmented => {
-            decode_structured_read(&wire, cookie, offset, len, framing == ReadFraming::Unfragmented)
-        }
+        Framing::Structured | Framing::Extended => decode_structured_read(&wire, to, len, df),
     };
     assert!(got == expected, "READ reply does not decode to the device data");
 }
@@ -241,15 +250,23 @@ fn fuzz_file() -> &'static (Arc<File>, Vec<u8>) {
 }
 
 /// Reassembles a structured READ reply, checking the spec's rules on the way.
-fn decode_structured_read(wire: &[u8], cookie: u64, offset: u64, len: u32, df: bool) -> Vec<u8> {
+fn decode_structured_read(wire: &[u8], to: ReplyTo, len: u32, df: bool) -> Vec<u8> {
+    let (cookie, offset) = (to.cookie, to.offset);
     let mut data = vec![0u8; len as usize];
     let mut covered = 0u64;
     let mut content_chunks = 0;
     let mut at = 0;
+    let header_len = to.framing.chunk_header_len();
     loop {
-        let h = decode_chunk_header(&wire[at..]).expect("chunk header");
+        let h = if to.framing.extended() {
+            let (h, header_offset) = decode_extended_chunk_header(&wire[at..]).expect("extended chunk header");
+            assert_eq!(header_offset, offset, "extended chunks repeat the request's offset");
+            h
+        } else {
+            decode_chunk_header(&wire[at..]).expect("chunk header")
+        };
         assert_eq!(h.cookie, cookie);
-        let payload = &wire[at + 20..at + 20 + h.payload_len as usize];
+        let payload = &wire[at + header_len..at + header_len + h.payload_len as usize];
         match h.chunk_type {
             reply_type::NONE => assert!(payload.is_empty()),
             reply_type::OFFSET_DATA => {
@@ -270,7 +287,7 @@ fn decode_structured_read(wire: &[u8], cookie: u64, offset: u64, len: u32, df: b
             }
             other => panic!("unexpected chunk type {other}"),
         }
-        at += 20 + h.payload_len as usize;
+        at += header_len + h.payload_len as usize;
         if h.flags & reply_flags::DONE != 0 {
             break;
         }
@@ -297,10 +314,10 @@ pub fn extents(input: &[u8]) {
             zero: c[8] & 2 != 0,
         })
         .collect();
-    let encoded = encode_extents(&extents, len, req_one);
+    let encoded = encode_extents(&extents, len.into(), req_one);
     assert!(!encoded.is_empty());
     assert!(encoded.iter().all(|&(l, _)| l > 0));
-    assert!(encoded.iter().map(|&(l, _)| u64::from(l)).sum::<u64>() <= u64::from(len));
+    assert!(encoded.iter().map(|&(l, _)| l).sum::<u64>() <= u64::from(len));
     assert!(!req_one || encoded.len() == 1);
     assert!(encoded.windows(2).all(|w| w[0].1 != w[1].1), "neighbours with equal flags are merged");
 }

@@ -26,9 +26,10 @@
 //! | LIST | one SERVER per export, ACK |
 //! | STARTTLS | ACK (TLS offered), ERR_POLICY (no TLS), ERR_INVALID (TLS already up) |
 //! | INFO / GO | INFO(EXPORT, BLOCK_SIZE, NAME/DESCRIPTION if asked), ACK; unknown ⇒ ERR_UNKNOWN |
-//! | STRUCTURED_REPLY | ACK once, ERR_INVALID when repeated |
-//! | LIST/SET_META_CONTEXT | `base:allocation`; ERR_INVALID before STRUCTURED_REPLY |
-//! | EXTENDED_HEADERS, unknown | ERR_UNSUP echoing the option |
+//! | STRUCTURED_REPLY | ACK once, ERR_INVALID when repeated, ERR_EXT_HEADER_REQD after EXTENDED_HEADERS |
+//! | EXTENDED_HEADERS | ACK once (also after STRUCTURED_REPLY), ERR_INVALID when repeated or with data; EXPORT_NAME after it closes |
+//! | LIST/SET_META_CONTEXT | `base:allocation`; ERR_INVALID before STRUCTURED_REPLY or EXTENDED_HEADERS |
+//! | unknown | ERR_UNSUP echoing the option |
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -41,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::protocol::consts::{
     BASE_ALLOCATION, BASE_ALLOCATION_ID, MAX_OPTION_DATA_BYTES, MAX_SKIPPED_OPTION_BYTES, info, opt, rep,
 };
+use crate::protocol::framing::Framing;
 use crate::protocol::handshake_codec::{
     ClientFlags, ClientOption, ExportQuery, MetaContextQuery, OPTION_HEADER_LEN, decode_client_flags,
     decode_option_header, encode_greeting, info_block_size_data, info_export_data, info_text_data,
@@ -55,7 +57,7 @@ use crate::tls::PeerIdentity;
 pub(crate) struct Negotiated {
     pub export_index: usize,
     pub advertised: Advertised,
-    pub structured_replies: bool,
+    pub framing: Framing,
     /// `base:allocation` was selected for the export that was entered.
     pub meta_context_selected: bool,
 }
@@ -112,7 +114,7 @@ impl Policy<'_> {
 #[derive(Default)]
 struct State {
     flags: ClientFlags,
-    structured_replies: bool,
+    framing: Framing,
     /// Export index for which `base:allocation` is selected.
     meta_context_export: Option<usize>,
 }
@@ -280,6 +282,10 @@ fn handle_option(
     let exports = policy.exports;
     match option {
         ClientOption::ExportName(name) => {
+            if state.framing.extended() {
+                // EXPORT_NAME has no error reply: the spec's answer is to close.
+                return Err(Error::protocol("EXPORT_NAME after negotiating extended headers (use GO)"));
+            }
             let Some(index) = find_export(exports, &name) else { return Err(Error::UnknownExport(name)) };
             if let Some((_, why)) = policy.refusal(index) {
                 return Err(Error::protocol(format!("EXPORT_NAME refused: {why}")));
@@ -331,11 +337,20 @@ fn handle_option(
             None => Ok(Step::Continue),
         },
         ClientOption::StructuredReply => {
-            if state.structured_replies {
-                put_option_error(out, code, rep::ERR_INVALID, "structured replies already negotiated");
-            } else {
-                state.structured_replies = true;
-                put_option_reply(out, code, rep::ACK, &[]);
+            match state.framing {
+                Framing::Extended => put_option_error(
+                    out,
+                    code,
+                    rep::ERR_EXT_HEADER_REQD,
+                    "extended headers are negotiated (they imply structured replies)",
+                ),
+                Framing::Structured => {
+                    put_option_error(out, code, rep::ERR_INVALID, "structured replies already negotiated")
+                }
+                Framing::Simple => {
+                    state.framing = Framing::Structured;
+                    put_option_reply(out, code, rep::ACK, &[]);
+                }
             }
             Ok(Step::Continue)
         }
@@ -348,7 +363,12 @@ fn handle_option(
             Ok(Step::Continue)
         }
         ClientOption::ExtendedHeaders => {
-            put_option_error(out, code, rep::ERR_UNSUP, "extended headers are not supported");
+            if state.framing.extended() {
+                put_option_error(out, code, rep::ERR_INVALID, "extended headers already negotiated");
+            } else {
+                state.framing = Framing::Extended;
+                put_option_reply(out, code, rep::ACK, &[]);
+            }
             Ok(Step::Continue)
         }
         ClientOption::Unknown(code) => {
@@ -364,9 +384,9 @@ fn enter(index: usize, state: &State, exports: &[Export], block_sizes_asked: boo
     let info = exports[index].device.info();
     Negotiated {
         export_index: index,
-        advertised: advertise_to(&info, state.structured_replies, block_sizes_asked),
-        structured_replies: state.structured_replies,
-        meta_context_selected: state.structured_replies && state.meta_context_export == Some(index),
+        advertised: advertise_to(&info, state.framing.structured(), block_sizes_asked),
+        framing: state.framing,
+        meta_context_selected: state.framing.structured() && state.meta_context_export == Some(index),
     }
 }
 
@@ -389,7 +409,7 @@ fn answer_info(
     }
     let export = &exports[index];
     let asked = query.info_requests.contains(&info::BLOCK_SIZE);
-    let a = advertise_to(&export.device.info(), state.structured_replies, asked);
+    let a = advertise_to(&export.device.info(), state.framing.structured(), asked);
     put_option_reply(out, code, rep::INFO, &info_export_data(a.size_bytes, a.transmission_flags));
     // Block sizes are sent unasked (a client that did not ask is not bound by them), with
     // the minimum this client will get (1 on a byte-granular device).
@@ -423,8 +443,8 @@ fn answer_meta_context(
         // SET replaces the active set even when it fails.
         state.meta_context_export = None;
     }
-    if !state.structured_replies {
-        put_option_error(out, code, rep::ERR_INVALID, "negotiate structured replies first");
+    if !state.framing.structured() {
+        put_option_error(out, code, rep::ERR_INVALID, "negotiate structured replies or extended headers first");
         return;
     }
     let Some(index) = find_export(exports, &query.export_name) else {

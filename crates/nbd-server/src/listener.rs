@@ -320,7 +320,7 @@ impl Server {
             export = %export.name,
             size = negotiated.advertised.size_bytes,
             flags = negotiated.advertised.transmission_flags,
-            structured = negotiated.structured_replies,
+            framing = ?negotiated.framing,
             meta_context = negotiated.meta_context_selected,
             "transmission"
         );
@@ -328,7 +328,7 @@ impl Server {
         let t = Transmission {
             device: export.device.clone(),
             advertised: negotiated.advertised,
-            structured_replies: negotiated.structured_replies,
+            framing: negotiated.framing,
             meta_context_selected: negotiated.meta_context_selected,
             in_flight_bytes: self.inner.in_flight_bytes.clone(),
             in_flight_pool_bytes: self.inner.config.max_in_flight_bytes,

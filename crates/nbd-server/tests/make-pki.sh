@@ -16,7 +16,9 @@ for tool in certtool psktool; do
 done
 mkdir -p "$dir/pki" "$dir/foreign-client" "$dir/foreign-ca" "$dir/work"
 w=$dir/work
-key() { certtool --generate-privkey --key-type=ecdsa --outfile "$1" >/dev/null 2>&1; }
+# RSA: qemu 10 requires key encipherment in the usage of a client certificate, which ECDSA
+# keys cannot have.
+key() { certtool --generate-privkey --key-type=rsa --bits=2048 --outfile "$1" >/dev/null 2>&1; }
 ca() { # NAME KEY CERT
   key "$2"
   printf 'cn = %s\nca\ncert_signing_key\nexpiration_days = 2\n' "$1" >"$w/ca.info"

@@ -151,15 +151,16 @@ pub fn decode_info(data: &[u8]) -> Result<ExportInfo> {
     })
 }
 
-/// A request header on the wire (compact form).
+/// A request header on the wire (compact form: the length must fit 32 bits).
 pub fn encode_request_header(header: &RequestHeader) -> [u8; REQUEST_HEADER_LEN] {
+    assert!(header.length <= u64::from(u32::MAX), "a compact request header's length is 32-bit");
     let mut out = [0u8; REQUEST_HEADER_LEN];
     out[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
     out[4..6].copy_from_slice(&header.flags.to_be_bytes());
     out[6..8].copy_from_slice(&header.command.to_be_bytes());
     out[8..16].copy_from_slice(&header.cookie.to_be_bytes());
     out[16..24].copy_from_slice(&header.offset.to_be_bytes());
-    out[24..28].copy_from_slice(&header.length.to_be_bytes());
+    out[24..28].copy_from_slice(&(header.length as u32).to_be_bytes());
     out
 }
 
@@ -253,15 +254,20 @@ mod tests {
         let header =
             RequestHeader { flags: 1, command: cmd::WRITE, cookie: 0xdead_beef, offset: 1 << 40, length: 4096 };
         let wire = encode_request_header(&header);
-        assert_eq!(decode_request_header(&wire).unwrap(), Some(header));
+        assert_eq!(decode_request_header(&wire, crate::protocol::framing::Framing::Structured).unwrap(), Some(header));
     }
 
     #[test]
     fn structured_reply_chunks_decode() {
         let mut reply = Reply::with_capacity(4);
-        reply.push_offset_data_header(false, 7, 4096, 512);
-        reply.push_offset_hole(false, 7, 8192, 1024);
-        reply.push_error_chunk(7, 5, "media error", Some(12288));
+        let to = crate::protocol::framing::ReplyTo {
+            framing: crate::protocol::framing::Framing::Structured,
+            cookie: 7,
+            offset: 4096,
+        };
+        reply.push_offset_data_header(false, to, 4096, 512);
+        reply.push_offset_hole(false, to, 8192, 1024);
+        reply.push_error_chunk(to, 5, "media error", Some(12288));
         let wire = reply.to_vec();
         let data = decode_chunk_header(&wire).unwrap();
         assert_eq!((data.chunk_type, data.cookie, data.payload_len), (reply_type::OFFSET_DATA, 7, 8 + 512));

@@ -17,6 +17,8 @@ pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Structured reply chunk magic.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Extended reply chunk magic (`NBD_EXTENDED_REPLY_MAGIC`).
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 /// Handshake flags (server → client, u16).
 pub mod handshake_flags {
@@ -123,6 +125,8 @@ pub mod reply_type {
     pub const OFFSET_DATA: u16 = 1;
     pub const OFFSET_HOLE: u16 = 2;
     pub const BLOCK_STATUS: u16 = 5;
+    /// 64-bit extents, the only block-status type with extended headers.
+    pub const BLOCK_STATUS_EXT: u16 = 6;
     pub const ERROR: u16 = (1 << 15) + 1;
     pub const ERROR_OFFSET: u16 = (1 << 15) + 2;
 }

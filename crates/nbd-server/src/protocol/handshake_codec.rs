@@ -135,7 +135,7 @@ pub fn parse_option(code: u32, data: &[u8]) -> Result<ClientOption, OptionRefusa
         opt::STRUCTURED_REPLY => no_data(ClientOption::StructuredReply),
         opt::LIST_META_CONTEXT => Ok(ClientOption::ListMetaContext(parse_meta_context_query(data)?)),
         opt::SET_META_CONTEXT => Ok(ClientOption::SetMetaContext(parse_meta_context_query(data)?)),
-        opt::EXTENDED_HEADERS => Ok(ClientOption::ExtendedHeaders),
+        opt::EXTENDED_HEADERS => no_data(ClientOption::ExtendedHeaders),
         other => Ok(ClientOption::Unknown(other)),
     }
 }

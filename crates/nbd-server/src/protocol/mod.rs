@@ -6,6 +6,7 @@
 
 pub mod client_codec;
 pub mod consts;
+pub mod framing;
 pub mod handshake_codec;
 pub mod read_reply;
 pub mod reply;

@@ -16,8 +16,7 @@ use super::reply_writer::LocalReplies;
 use crate::device::DeviceError;
 use crate::error::Result;
 use crate::protocol::request::{
-    ExportLimits, REQUEST_HEADER_LEN, Rejection, Request, RequestHeader, decode_request_header, payload_len,
-    validate_request,
+    ExportLimits, Rejection, Request, RequestHeader, decode_request_header, payload_len, validate_request,
 };
 use crate::read_buffer::{discard, fill};
 use crate::request_source::RequestSource;
@@ -60,7 +59,8 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
     ) -> Result<Option<Incoming>> {
         let gate = &self.gate;
         let Some(slot) = gate.permits(gate.slots, 1, local).await? else { return Ok(None) };
-        if self.buf.len() < REQUEST_HEADER_LEN {
+        let header_len = limits.framing.request_header_len();
+        if self.buf.len() < header_len {
             local.flush(gate.shared).await?;
             // Idle: nothing in flight but the slot just taken for this request. The header wait
             // runs in idle-timeout periods; the connection is closed at the end of a whole
@@ -68,7 +68,7 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
             let in_flight = || gate.slots.available_permits() + 1 < gate.t.max_requests;
             let mut busy_in_period = gate.t.idle_timeout.is_some() && in_flight();
             let filled = loop {
-                let header = fill(&mut self.reader, &mut self.buf, REQUEST_HEADER_LEN);
+                let header = fill(&mut self.reader, &mut self.buf, header_len);
                 let Some(limit) = gate.t.idle_timeout else { break gate.interruptible(header).await };
                 match gate.interruptible(tokio::time::timeout(limit, header)).await {
                     Some(Ok(filled)) => break Some(filled),
@@ -86,9 +86,9 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
                 return Ok(None);
             }
         }
-        let header = decode_request_header(&self.buf)?.expect("header is buffered");
-        self.buf.advance(REQUEST_HEADER_LEN);
-        let payload = payload_len(&header)? as usize;
+        let header = decode_request_header(&self.buf, limits.framing)?.expect("header is buffered");
+        self.buf.advance(header_len);
+        let payload = payload_len(&header, limits.framing)? as usize;
         let (outcome, bytes) = match validate_request(&header, limits) {
             Ok(request @ (Request::Write { len, .. } | Request::Read { len, .. })) => {
                 // Room for the data before reading the payload or issuing the read.

@@ -8,22 +8,26 @@ use tracing::debug;
 
 use super::connection::Payload;
 use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, ReadChunk};
-use crate::protocol::read_reply::{ReadFraming, push_device_error, read_reply};
+use crate::protocol::framing::ReplyTo;
+use crate::protocol::read_reply::{push_device_error, read_reply};
 use crate::protocol::reply::{Reply, encode_extents};
-use crate::protocol::request::{Rejection, Request, RequestHeader};
+use crate::protocol::request::{Rejection, Request};
+
+/// Longest range one BLOCK_STATUS answer describes (a reply may cover less than asked;
+/// aligned to any minimum block size).
+const MAX_BLOCK_STATUS_BYTES: u64 = 1 << 31;
 
 /// The reply to a request refused before reaching the device.
-pub(super) fn rejection_reply(header: &RequestHeader, structured: bool, rejection: Rejection) -> Reply {
+pub(super) fn rejection_reply(to: ReplyTo, rejection: Rejection) -> Reply {
     let mut reply = Reply::with_capacity(1);
-    reply.push_error(header.cookie, structured, rejection.errno, rejection.message, None);
+    reply.push_error(to, rejection.errno, rejection.message, None);
     reply
 }
 
 /// What a spawned request needs.
 pub(super) struct RequestCtx {
     pub(super) device: Arc<dyn BlockDevice>,
-    pub(super) cookie: u64,
-    pub(super) structured: bool,
+    pub(super) to: ReplyTo,
     /// Largest READ/WRITE handed to the device at once.
     pub(super) piece_bytes: u32,
 }
@@ -36,12 +40,7 @@ impl RequestCtx {
                 if let Err(e) = &result {
                     debug!(error = %e, kind = ?e.kind, "device read failed");
                 }
-                let framing = match (self.structured, df) {
-                    (false, _) => ReadFraming::Simple,
-                    (true, false) => ReadFraming::Structured,
-                    (true, true) => ReadFraming::Unfragmented,
-                };
-                read_reply(self.cookie, offset, len, framing, result)
+                read_reply(self.to, len, df, result)
             }
             Request::Write { offset, len, fua } => {
                 let result = match payload {
@@ -53,34 +52,34 @@ impl RequestCtx {
                     }
                     None => self.write(offset, Bytes::new(), fua).await,
                 };
-                self.status_reply(result, offset, len, false)
+                self.status_reply(result, len.into(), false)
             }
             Request::Flush => {
                 let result = self.device.flush().await;
-                self.status_reply(result, 0, 0, false)
+                self.status_reply(result, 0, false)
             }
             Request::Trim { offset, len, fua } => {
-                let result = if len == 0 { Ok(()) } else { self.device.trim(offset, u64::from(len), fua).await };
-                self.status_reply(result, offset, len, false)
+                let result = if len == 0 { Ok(()) } else { self.device.trim(offset, len, fua).await };
+                self.status_reply(result, len, false)
             }
             Request::Cache { offset, len } => {
-                let result = if len == 0 { Ok(()) } else { self.device.cache(offset, u64::from(len)).await };
-                self.status_reply(result, offset, len, false)
+                let result = if len == 0 { Ok(()) } else { self.device.cache(offset, len).await };
+                self.status_reply(result, len, false)
             }
             Request::WriteZeroes { offset, len, flags } => {
-                let result =
-                    if len == 0 { Ok(()) } else { self.device.write_zeroes(offset, u64::from(len), flags).await };
-                self.status_reply(result, offset, len, flags.fast_zero)
+                let result = if len == 0 { Ok(()) } else { self.device.write_zeroes(offset, len, flags).await };
+                self.status_reply(result, len, flags.fast_zero)
             }
             Request::BlockStatus { offset, len, req_one } => {
-                debug_assert!(self.structured && len > 0);
-                match self.device.block_status(offset, u64::from(len)).await {
+                debug_assert!(self.to.framing.structured() && len > 0);
+                let len = len.min(MAX_BLOCK_STATUS_BYTES);
+                match self.device.block_status(offset, len).await {
                     Ok(extents) => {
                         let mut reply = Reply::with_capacity(1);
-                        reply.push_block_status(self.cookie, &encode_extents(&extents, len, req_one));
+                        reply.push_block_status(self.to, &encode_extents(&extents, len, req_one));
                         reply
                     }
-                    Err(e) => self.status_reply(Err(e), offset, len, false),
+                    Err(e) => self.status_reply(Err(e), len, false),
                 }
             }
             Request::Disc => unreachable!("DISC is handled by the reader"),
@@ -127,13 +126,13 @@ impl RequestCtx {
     }
 
     /// The reply to a command without data: success, or the error mapped in one place.
-    fn status_reply(&self, result: DeviceResult<()>, offset: u64, len: u32, fast_zero: bool) -> Reply {
+    fn status_reply(&self, result: DeviceResult<()>, len: u64, fast_zero: bool) -> Reply {
         let mut reply = Reply::with_capacity(1);
         match result {
-            Ok(()) => reply.push_simple(self.cookie, 0),
+            Ok(()) => reply.push_ok(self.to),
             Err(e) => {
                 debug!(error = %e, kind = ?e.kind, "device request failed");
-                push_device_error(&mut reply, self.cookie, self.structured, &e, offset, len, fast_zero)
+                push_device_error(&mut reply, self.to, &e, len, fast_zero)
             }
         }
         reply

@@ -67,6 +67,7 @@ use crate::advertise::Advertised;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::protocol::consts::cmd;
+use crate::protocol::framing::{Framing, ReplyTo};
 use crate::protocol::request::{ExportLimits, Request};
 use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
@@ -86,7 +87,7 @@ const DIRECT_REPLY_MIN_BYTES: usize = 128 * 1024;
 pub(crate) struct Transmission {
     pub device: Arc<dyn BlockDevice>,
     pub advertised: Advertised,
-    pub structured_replies: bool,
+    pub framing: Framing,
     pub meta_context_selected: bool,
     /// Server-wide bytes-in-flight pool and its size (`ServerConfig::max_in_flight_bytes`).
     pub in_flight_bytes: Arc<Semaphore>,
@@ -157,7 +158,7 @@ where
     let limits = ExportLimits {
         size_bytes: t.advertised.size_bytes,
         transmission_flags: t.advertised.transmission_flags,
-        structured_replies: t.structured_replies,
+        framing: t.framing,
         meta_context_selected: t.meta_context_selected,
         min_block_bytes: t.advertised.min_block_bytes,
         max_payload_bytes: t.advertised.max_payload_bytes,
@@ -180,7 +181,8 @@ where
                     reason = rejection.message,
                     "request rejected"
                 );
-                let reply = rejection_reply(&header, t.structured_replies, rejection);
+                let to = ReplyTo { framing: t.framing, cookie: header.cookie, offset: header.offset };
+                let reply = rejection_reply(to, rejection);
                 local.push(Outgoing { reply, _slot: slot, _bytes: bytes });
                 if local.is_full() {
                     local.flush(r.gate.shared).await?;
@@ -198,8 +200,7 @@ where
         let in_place = matches!(payload, Some(Payload::Received | Payload::Failed(_)));
         let ctx = RequestCtx {
             device: t.device.clone(),
-            cookie: header.cookie,
-            structured: t.structured_replies,
+            to: ReplyTo { framing: t.framing, cookie: header.cookie, offset: header.offset },
             piece_bytes: t.advertised.device_piece_bytes,
         };
         let mut task = Box::pin(
@@ -213,8 +214,9 @@ where
         // reader. Large READs become tasks, so their copies run on other workers in parallel
         // with the reader (inline 1 MiB reads measured slower), as does anything that has to
         // wait. Large WRITEs are handed off (below), unless their payload is already in place.
-        let hand_off = header.command == cmd::WRITE && header.length >= HAND_OFF_WRITE_MIN_BYTES && !in_place;
-        let ready = if (header.length <= INLINE_MAX_BYTES || in_place) && !hand_off {
+        let hand_off =
+            header.command == cmd::WRITE && header.length >= u64::from(HAND_OFF_WRITE_MIN_BYTES) && !in_place;
+        let ready = if (header.length <= u64::from(INLINE_MAX_BYTES) || in_place) && !hand_off {
             match task.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
                 Poll::Ready(outgoing) => Some(outgoing),
                 Poll::Pending => None,

@@ -59,7 +59,7 @@ async fn structured_reply(s: &mut TcpStream, cookie: u64) -> (Vec<(u64, Vec<u8>)
 }
 
 async fn send_request(s: &mut TcpStream, command: u16, flags: u16, cookie: u64, offset: u64, length: u32) {
-    let header = RequestHeader { flags, command, cookie, offset, length };
+    let header = RequestHeader { flags, command, cookie, offset, length: length.into() };
     s.write_all(&encode_request_header(&header)).await.unwrap();
 }
 

@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nbd_server::protocol::consts::{
-    EXTENDED_REQUEST_MAGIC, IHAVEOPT, NBDMAGIC, OPTION_REPLY_MAGIC, REQUEST_MAGIC, cmd, errno, info, opt, rep,
-    reply_flags, reply_type, tflags,
+    EXTENDED_REQUEST_MAGIC, IHAVEOPT, NBDMAGIC, OPTION_REPLY_MAGIC, REQUEST_MAGIC, cmd, cmd_flags, errno, info, opt,
+    rep, reply_flags, reply_type, tflags,
 };
-use nbd_server::protocol::reply::{ChunkHeader, decode_chunk_header, decode_simple_reply};
+use nbd_server::protocol::reply::{
+    ChunkHeader, decode_chunk_header, decode_extended_chunk_header, decode_simple_reply,
+};
 use nbd_server::protocol::request::REQUEST_HEADER_LEN;
 use nbd_server::{
     BlockDevice, DeviceFuture, DeviceInfo, DeviceResult, Export, Extent, MemoryDevice, ReadChunk, Server, ServerConfig,
@@ -320,9 +322,6 @@ async fn option_replies_are_byte_exact() {
     assert_eq!(c.option_reply().await.1, rep::ERR_POLICY);
     c.option(opt::STARTTLS, b"x").await;
     assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
-    c.option(opt::EXTENDED_HEADERS, &[]).await;
-    let (option, reply, _) = c.option_reply().await;
-    assert_eq!((option, reply), (opt::EXTENDED_HEADERS, rep::ERR_UNSUP));
     // META_CONTEXT before STRUCTURED_REPLY.
     c.option(opt::SET_META_CONTEXT, &meta_query("mem", &["base:allocation"])).await;
     assert_eq!(c.option_reply().await.1, rep::ERR_INVALID);
@@ -832,25 +831,122 @@ async fn unix_socket_listener_serves_too() {
     serving.await.unwrap().unwrap();
 }
 
+/// An extended request header: 32 bytes, 64-bit length.
+fn ext_request(flags: u16, command: u16, cookie: u64, offset: u64, len: u64, payload: &[u8]) -> Vec<u8> {
+    let mut m = EXTENDED_REQUEST_MAGIC.to_be_bytes().to_vec();
+    m.extend_from_slice(&flags.to_be_bytes());
+    m.extend_from_slice(&command.to_be_bytes());
+    m.extend_from_slice(&cookie.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&len.to_be_bytes());
+    m.extend_from_slice(payload);
+    m
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
+    /// One extended reply chunk: header, the offset it repeats, payload.
+    async fn ext_chunk(&mut self) -> (ChunkHeader, u64, Vec<u8>) {
+        let raw = self.read_exact(32).await;
+        let (h, offset) = decode_extended_chunk_header(&raw).expect("extended reply magic");
+        let payload = self.read_exact(h.payload_len as usize).await;
+        (h, offset, payload)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extended_headers_refused_then_qemu_10_style_fallback() {
-    // qemu >= 8.2 opens with EXTENDED_HEADERS; on ERR_UNSUP it continues with
-    // STRUCTURED_REPLY, SET_META_CONTEXT, GO (observed with qemu-io 10.0.2).
+async fn extended_headers_byte_exact_with_64_bit_lengths() {
+    // The order qemu >= 8.2 and libnbd >= 1.18 use: EXTENDED_HEADERS first (no
+    // STRUCTURED_REPLY after its ACK), SET_META_CONTEXT, GO.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.img");
+    std::fs::File::create(&path).and_then(|f| f.set_len(8 << 30)).unwrap();
+    let device = Arc::new(nbd_server::FileDevice::open(&path, false).unwrap());
+    let server = ServerHandle::start(vec![Export::new("big", device)], quick_config()).await;
+    let mut c = Raw::connect(&server).await;
+    c.start(3).await;
+    c.option(opt::EXTENDED_HEADERS, b"x").await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID, "the option takes no data");
+    c.option(opt::EXTENDED_HEADERS, &[]).await;
+    assert_eq!(c.option_reply().await, (opt::EXTENDED_HEADERS, rep::ACK, vec![]));
+    c.option(opt::EXTENDED_HEADERS, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_INVALID, "already negotiated");
+    c.option(opt::STRUCTURED_REPLY, &[]).await;
+    assert_eq!(c.option_reply().await.1, rep::ERR_EXT_HEADER_REQD);
+    c.option(opt::SET_META_CONTEXT, &meta_query("big", &["base:allocation"])).await;
+    assert_eq!(c.option_replies().await.len(), 2, "META_CONTEXT needs no STRUCTURED_REPLY here");
+    c.option(opt::GO, &go_data("big", &[info::BLOCK_SIZE])).await;
+    assert_eq!(c.option_replies().await.last().unwrap().1, rep::ACK);
+
+    let at = 6u64 << 30;
+    // WRITE with PAYLOAD_LEN: a NONE chunk with DONE (never a simple reply), repeating the offset.
+    c.send(&ext_request(cmd_flags::PAYLOAD_LEN, cmd::WRITE, 1, at, 4096, &pattern(3, 4096))).await;
+    let (h, offset, payload) = c.ext_chunk().await;
+    assert_eq!(
+        (h.chunk_type, h.flags, h.cookie, offset, payload.len()),
+        (reply_type::NONE, reply_flags::DONE, 1, at, 0)
+    );
+    // READ: OFFSET_DATA, the offset in the header and in the payload.
+    c.send(&ext_request(0, cmd::READ, 2, at, 4096, &[])).await;
+    let (h, offset, payload) = c.ext_chunk().await;
+    assert_eq!(
+        (h.chunk_type, h.flags & reply_flags::DONE, h.cookie, offset),
+        (reply_type::OFFSET_DATA, reply_flags::DONE, 2, at)
+    );
+    assert_eq!(u64::from_be_bytes(payload[..8].try_into().unwrap()), at);
+    assert_eq!(&payload[8..], &pattern(3, 4096)[..]);
+    // WRITE_ZEROES over more than 4 GiB in one request, short of the data, then over it.
+    c.send(&ext_request(0, cmd::WRITE_ZEROES, 3, 0, at, &[])).await;
+    assert_eq!(c.ext_chunk().await.0.chunk_type, reply_type::NONE);
+    c.send(&ext_request(0, cmd::READ, 4, at, 4096, &[])).await;
+    assert_eq!(&c.ext_chunk().await.2[8..], &pattern(3, 4096)[..], "the data past the zeroed range stays");
+    c.send(&ext_request(0, cmd::WRITE_ZEROES, 5, 0, 7 << 30, &[])).await;
+    assert_eq!(c.ext_chunk().await.0.chunk_type, reply_type::NONE);
+    c.send(&ext_request(0, cmd::READ, 6, at, 4096, &[])).await;
+    let (h, _, payload) = c.ext_chunk().await;
+    match h.chunk_type {
+        reply_type::OFFSET_HOLE => assert_eq!(u32::from_be_bytes(payload[8..12].try_into().unwrap()), 4096),
+        reply_type::OFFSET_DATA => assert!(payload[8..].iter().all(|&b| b == 0)),
+        other => panic!("chunk type {other}"),
+    }
+    // BLOCK_STATUS over the whole 8 GiB: BLOCK_STATUS_EXT, 64-bit descriptors.
+    c.send(&ext_request(0, cmd::BLOCK_STATUS, 7, 0, 8 << 30, &[])).await;
+    let (h, offset, payload) = c.ext_chunk().await;
+    assert_eq!((h.chunk_type, h.flags, offset), (reply_type::BLOCK_STATUS_EXT, reply_flags::DONE, 0));
+    let count = u32::from_be_bytes(payload[4..8].try_into().unwrap()) as usize;
+    assert!(count >= 1 && payload.len() == 8 + 16 * count, "{} bytes for {count} descriptors", payload.len());
+    let first_len = u64::from_be_bytes(payload[8..16].try_into().unwrap());
+    let first_flags = u64::from_be_bytes(payload[16..24].try_into().unwrap());
+    assert!(first_len > 0 && first_flags < 1 << 32, "{first_len} {first_flags:#x}");
+    // A payload on a READ is read (the stream stays in step) and refused with an error chunk.
+    c.send(&ext_request(cmd_flags::PAYLOAD_LEN, cmd::READ, 8, 0, 8, b"12345678")).await;
+    let (h, offset, payload) = c.ext_chunk().await;
+    assert_eq!((h.chunk_type, h.cookie, offset), (reply_type::ERROR, 8, 0));
+    assert_eq!(u32::from_be_bytes(payload[..4].try_into().unwrap()), errno::EINVAL);
+    // A READ beyond the maximum payload is refused, the connection kept.
+    c.send(&ext_request(0, cmd::READ, 9, 0, 5 << 30, &[])).await;
+    assert_eq!(c.ext_chunk().await.0.chunk_type, reply_type::ERROR);
+    // A WRITE without PAYLOAD_LEN is taken as meaning it (as qemu does).
+    c.send(&ext_request(0, cmd::WRITE, 10, 0, 512, &[9; 512])).await;
+    assert_eq!(c.ext_chunk().await.0.chunk_type, reply_type::NONE);
+    c.send(&ext_request(0, cmd::FLUSH, 11, 0, 0, &[])).await;
+    assert_eq!(c.ext_chunk().await.0.chunk_type, reply_type::NONE);
+    // A compact header after extended headers desynchronises the stream: closed (once 32
+    // bytes are in, as the server reads 32-byte headers).
+    c.request(0, cmd::READ, 12, 0, 512, &[0; 4]).await;
+    c.expect_closed().await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_headers_then_export_name_closes() {
     let (server, _dir) = standard_server(quick_config()).await;
     let mut c = Raw::connect(&server).await;
     c.start(3).await;
     c.option(opt::EXTENDED_HEADERS, &[]).await;
-    assert_eq!(c.option_reply().await.1, rep::ERR_UNSUP);
-    c.option(opt::STRUCTURED_REPLY, &[]).await;
     assert_eq!(c.option_reply().await.1, rep::ACK);
-    c.option(opt::SET_META_CONTEXT, &meta_query("mem", &["base:allocation"])).await;
-    assert_eq!(c.option_replies().await.len(), 2);
-    c.option(opt::GO, &go_data("mem", &[info::BLOCK_SIZE])).await;
-    assert_eq!(c.option_replies().await.last().unwrap().1, rep::ACK);
-    // Compact requests and structured replies, never extended ones.
-    c.request(0, cmd::BLOCK_STATUS, 77, 0, 1 << 20, &[]).await;
-    let chunks = c.chunks().await;
-    assert_eq!((chunks[0].0.chunk_type, chunks[0].0.cookie), (reply_type::BLOCK_STATUS, 77));
+    c.option(opt::EXPORT_NAME, b"mem").await;
+    c.expect_closed().await;
+    assert_alive(&server).await;
     server.stop().await.unwrap();
 }
 
