@@ -31,7 +31,7 @@ use netlink::GenlSocket;
 
 #[derive(Args, Debug)]
 pub struct AttachArgs {
-    /// The export: nbd://HOST[:PORT]/NAME or nbd+unix:///NAME?socket=PATH (plaintext: the
+    /// The export: `nbd://HOST[:PORT]/NAME` or `nbd+unix:///NAME?socket=PATH` (plaintext: the
     /// kernel's driver cannot speak TLS).
     pub export: String,
     /// The kernel device: /dev/nbd0, nbd0 or 0 (`modprobe nbd` first).
