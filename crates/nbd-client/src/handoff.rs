@@ -6,6 +6,7 @@
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::address::{Endpoint, ExportAddress};
@@ -30,28 +31,33 @@ pub async fn handoff(address: &ExportAddress, timeout: Duration) -> Result<Hando
     }
     let io = |source| ClientError::Io { address: name.clone(), source };
     let connect = async {
-        match &address.endpoint {
+        let (socket, details): (OwnedFd, _) = match &address.endpoint {
             Endpoint::Tcp { host, port } => {
                 let mut tcp = TcpStream::connect((host.as_str(), *port)).await.map_err(io)?;
                 tcp.set_nodelay(true).map_err(io)?;
-                greet(&mut tcp, &name).await?;
-                let details = negotiate(&mut tcp, &address.export, &name, false).await?;
+                let details = simple(&mut tcp, &address.export, &name).await?;
                 let std = tcp.into_std().map_err(io)?;
                 std.set_nonblocking(false).map_err(io)?;
-                Ok(Handoff { socket: std.into(), details })
+                (std.into(), details)
             }
             Endpoint::Unix { socket } => {
                 let mut unix = UnixStream::connect(socket).await.map_err(io)?;
-                greet(&mut unix, &name).await?;
-                let details = negotiate(&mut unix, &address.export, &name, false).await?;
+                let details = simple(&mut unix, &address.export, &name).await?;
                 let std = unix.into_std().map_err(io)?;
                 std.set_nonblocking(false).map_err(io)?;
-                Ok(Handoff { socket: std.into(), details })
+                (std.into(), details)
             }
-        }
+        };
+        Ok(Handoff { socket, details })
     };
     tokio::time::timeout(timeout, connect).await.map_err(|_| ClientError::Timeout {
         address: name.clone(),
         what: format!("connecting and the handshake did not finish within {timeout:?}"),
     })?
+}
+
+/// Greeting and negotiation with simple replies.
+async fn simple<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, export: &str, name: &str) -> Result<ExportDetails> {
+    greet(stream, name).await?;
+    negotiate(stream, export, name, false).await
 }

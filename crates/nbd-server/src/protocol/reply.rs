@@ -260,11 +260,10 @@ pub fn chunk_header(flags: u16, chunk_type: u16, to: ReplyTo, payload_len: u32) 
     if to.framing.extended() {
         b[16..24].copy_from_slice(&to.offset.to_be_bytes());
         b[24..32].copy_from_slice(&u64::from(payload_len).to_be_bytes());
-        (b, EXTENDED_CHUNK_HEADER_LEN)
     } else {
         b[16..20].copy_from_slice(&payload_len.to_be_bytes());
-        (b, CHUNK_HEADER_LEN)
     }
+    (b, to.framing.chunk_header_len())
 }
 
 /// At most this many extents go into one BLOCK_STATUS chunk (the spec suggests <= 2^20).
