@@ -104,9 +104,42 @@ candidate_version() {
   apt-cache policy "$1" 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" {print $2; exit}'
 }
 
+# depends_of PKG=VERSION -> its Pre-Depends and Depends, one "NAME [OP VERSION]" a line (the
+# first of alternatives).
+depends_of() {
+  apt-cache show "$1" 2>/dev/null | sed -n 's/^\(Pre-\)\{0,1\}Depends: //p' | tr ',' '\n' \
+    | sed 's/|.*//; s/:any//; s/[()]//g' | awk 'NF {print $1, $2, $3}'
+}
+
+# backports_closure PKG... -> the packages and, recursively, each dependency of their
+# bookworm-backports version that must come from bookworm-backports too: one whose candidate
+# does not satisfy the version asked while bookworm-backports' does. apt does not pick those
+# itself when only PKG/bookworm-backports is asked for ("you have held broken packages": seen
+# with qemu-system-x86 10, which needs qemu-system-common, qemu-system-data and seabios of it).
+backports_closure() {
+  local -A seen=()
+  local queue=("$@") p v name op want cand bpo
+  while [ ${#queue[@]} -gt 0 ]; do
+    p=${queue[0]} queue=("${queue[@]:1}")
+    [ -z "${seen[$p]:-}" ] || continue
+    seen[$p]=1
+    echo "$p"
+    v=$(backports_version "$p")
+    [ -n "$v" ] || continue
+    while read -r name op want; do
+      [ -n "$want" ] || continue
+      cand=$(candidate_version "$name")
+      if [ -n "$cand" ] && dpkg --compare-versions "$cand" "$op" "$want"; then continue; fi
+      bpo=$(backports_version "$name")
+      if [ -n "$bpo" ] && dpkg --compare-versions "$bpo" "$op" "$want"; then queue+=("$name"); fi
+    done < <(depends_of "$p=$v")
+  done
+}
+
 # install_requests -> the package arguments of the one apt-get install call, one per line:
-# the list as it is, with both qemu packages from bookworm-backports when it offers them, else
-# qemu-utils pinned to qemu-system-x86's candidate when they differ.
+# the list as it is, with both qemu packages (and the dependencies only bookworm-backports
+# satisfies: backports_closure) from bookworm-backports when it offers them, else qemu-utils
+# pinned to qemu-system-x86's candidate when they differ.
 install_requests() {
   local p want have backports
   backports=$(qemu_backports_version)
@@ -121,6 +154,10 @@ install_requests() {
       echo "$p"
     fi
   done
+  if [ -n "$backports" ]; then
+    backports_closure qemu-utils qemu-system-x86 | grep -vx 'qemu-utils\|qemu-system-x86' \
+      | sed "s|\$|/$BACKPORTS|" || true
+  fi
 }
 
 # packages_settled -> true when every package is installed, qemu-utils is of the same version

@@ -32,8 +32,21 @@ EOF
 # version stays the candidate (apt never downgrades by itself).
 # apt-cache madison PKG: also bookworm-backports' qemu 10 once its list was fetched.
 pkg=$2
+if [ "$1" = show ]; then
+  # bookworm-backports' qemu-system-x86 10 needs three packages of that suite (as the real one).
+  case $pkg in
+    qemu-system-x86=1:10.*)
+      echo "Package: qemu-system-x86"
+      echo "Depends: libc6 (>= 2.34), qemu-system-common (= 1:10.0.2+ds-2+deb13u1~bpo12+1), qemu-system-data (>> 1:10.0.2+ds~), seabios (>> 1.16.3-1~), ipxe-qemu | qemu-system-x86 (<< 1:7)" ;;
+  esac
+  exit 0
+fi
 if [ "$1" = madison ]; then
   case $pkg in
+    seabios)
+      ! ls "$FAKE_LISTS"/*bookworm-backports*Packages* >/dev/null 2>&1 \
+        || echo " $pkg | 1.16.3-2~bpo12+1 | http://deb.debian.org/debian bookworm-backports/main amd64 Packages"
+      echo " $pkg | 1.16.2-1 | http://deb.debian.org/debian bookworm/main amd64 Packages" ;;
     qemu-*)
       ! ls "$FAKE_LISTS"/*bookworm-backports*Packages* >/dev/null 2>&1 \
         || echo " $pkg | 1:10.0.2+ds-2+deb13u1~bpo12+1 | http://deb.debian.org/debian bookworm-backports/main amd64 Packages"
@@ -43,7 +56,7 @@ if [ "$1" = madison ]; then
   exit 0
 fi
 inst=$(awk -v p="$pkg" '$1 == p {print $2}' "$FAKE_STATE")
-case $pkg in qemu-*) repo=1:7.2+dfsg-7+deb12u18+b3 ;; *) repo=1.0 ;; esac
+case $pkg in qemu-*) repo=1:7.2+dfsg-7+deb12u18+b3 ;; seabios) repo=1.16.2-1 ;; *) repo=1.0 ;; esac
 cand=$repo
 [ -n "$inst" ] && [ "$inst" != "$repo" ] && cand=$inst
 echo "$pkg:"; echo "  Installed: ${inst:-(none)}"; echo "  Candidate: $cand"
@@ -74,6 +87,12 @@ for a in "$@"; do
   esac
 done
 repo_version() { case $1 in qemu-*) echo 1:7.2+dfsg-7+deb12u18+b3 ;; *) echo 1.0 ;; esac; }
+# As apt: qemu-system-x86 10 without its dependencies of bookworm-backports asked for too.
+if printf '%s\n' "${pins[@]}" | grep -q '^qemu-system-x86=1:10' \
+   && ! printf '%s\n' "${pins[@]}" | grep -q '^qemu-system-common=1:10'; then
+  echo "E: Unable to correct problems, you have held broken packages." >&2
+  exit 100
+fi
 for n in "${names[@]}"; do
   pinned=""
   for p in "${pins[@]}"; do [ "${p%%=*}" = "$n" ] && pinned=${p#*=}; done
@@ -125,7 +144,7 @@ run_case() {
     SUDO=""
     basics=$d/basics
     mkdir -p "$basics"
-    for t in awk sed grep cat printf tee chmod rm mkdir mktemp ls bash sh env; do
+    for t in awk sed grep cat printf tee chmod rm mkdir mktemp ls bash sh env tr dpkg; do
       ln -s "$(command -v $t)" "$basics/$t" 2>/dev/null || true
     done
     export PATH="$d/bin:$d/tools:$basics"
@@ -179,6 +198,12 @@ if grep -q 'qemu-utils/bookworm-backports' "$d/log" && grep -q 'qemu-system-x86/
   ok "both qemu packages from bookworm-backports, one install call"
 else
   bad "qemu not asked from backports in one call: $(cat "$d/log")"
+fi
+if grep -q 'qemu-system-common/bookworm-backports' "$d/log" && grep -q 'seabios/bookworm-backports' "$d/log" \
+   && grep -q 'qemu-system-data/bookworm-backports' "$d/log" && ! grep -q 'libc6' "$d/log"; then
+  ok "the dependencies only bookworm-backports satisfies are asked from it too"
+else
+  bad "qemu-system-x86 10's dependencies not asked from backports: $(cat "$d/log")"
 fi
 if grep -q '^qemu-utils 1:10' "$d/state" && grep -q '^qemu-system-x86 1:10' "$d/state"; then ok "qemu 10 installed for both"; else bad "qemu versions after apt: $(grep qemu "$d/state")"; fi
 
