@@ -296,7 +296,7 @@ fn status(export: &ControlledExport) -> Value {
     json!({
         "name": export.name,
         "level": array.geometry().level().to_string(),
-        "layout": describe_layout(array.geometry()),
+        "layout": describe_layout(&array.geometry()),
         "size_bytes": array.size_bytes(),
         "state": state,
         "read_only": array.is_read_only(),

@@ -191,7 +191,7 @@ pub fn describe(opened: &OpenedArray) -> String {
         "{} {}, {}, {} members [{}], {state}",
         human_bytes(array.size_bytes()),
         array.geometry().level(),
-        describe_layout(array.geometry()),
+        describe_layout(&array.geometry()),
         a.members.len(),
         members.join(", ")
     )
@@ -283,7 +283,7 @@ async fn start(settings: Settings) -> Result<Started> {
             );
             caches.push((cache.clone(), tokio::spawn(write_back_loop(cache, plan.name.clone()))));
         }
-        let device = ArrayDevice::new(volume, opened.array.geometry(), read_only, description.clone());
+        let device = ArrayDevice::new(volume, &opened.array.geometry(), read_only, description.clone());
         let device: Arc<dyn BlockDevice> = Arc::new(device);
         lines.push(format!(
             "serving export '{}': {description}{}; {cache_text}",

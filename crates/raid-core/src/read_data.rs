@@ -53,6 +53,15 @@ impl ReadData {
     pub fn into_parts(self) -> (Vec<AlignedBuf>, Vec<Segment>) {
         (self.bufs, self.segments)
     }
+
+    /// `self` followed by `next` (a request read in two parts), without copying bytes.
+    pub(crate) fn append(mut self, next: ReadData) -> ReadData {
+        let base = self.bufs.len();
+        self.bufs.extend(next.bufs);
+        self.segments.extend(next.segments.into_iter().map(|s| Segment { buf: s.buf + base, ..s }));
+        self.len_bytes += next.len_bytes;
+        self
+    }
 }
 
 /// `len_bytes` of an array request that are, in place, bytes of a member file in memory

@@ -406,7 +406,7 @@ impl<M: Member + ?Sized> Array<M> {
         if self.intent.is_some() || !self.has_redundancy() || self.is_read_only() || self.away.get().is_some() {
             return AwayStart::Off;
         }
-        let record = AwayRecord::new(self.geometry.resync_sectors(), store.clone());
+        let record = AwayRecord::new(self.layout().geometry().resync_sectors(), store.clone());
         let start = if self.is_optimal() {
             AwayStart::Idle
         } else {

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use super::io::{read_device, write_device};
 use super::scrub::ScrubCounts;
 use super::slot::{Replacement, SlotState};
-use super::{Array, Device, META_LOCK_KEY, StateChange};
+use super::{Array, Device, Layout, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -177,7 +177,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Resync sectors (md resync address space) per scrub unit.
     fn resync_unit_sectors(&self) -> u64 {
-        match self.geometry.parity() {
+        match self.layout().parity() {
             Some(pg) => u64::from(pg.chunk_sectors()),
             None => super::scrub::MIRROR_UNIT_SECTORS,
         }
@@ -193,12 +193,12 @@ impl<M: Member + ?Sized> Array<M> {
         let m = self.maintenance.lock();
         let (done, total) = match m.current {
             Some(MaintenanceWork::Recovery { role }) => (
-                self.members.slots[role].recovery_offset_sectors().min(self.geometry.member_sectors(role)),
-                self.geometry.member_sectors(role),
+                self.members.slots[role].recovery_offset_sectors().min(self.layout().geometry().member_sectors(role)),
+                self.layout().geometry().member_sectors(role),
             ),
             Some(MaintenanceWork::Replace { role }) => (
                 self.members.slots[role].replacement().map_or(0, |r| r.done_sectors.load(Ordering::Acquire)),
-                self.geometry.member_sectors(role),
+                self.layout().geometry().member_sectors(role),
             ),
             Some(MaintenanceWork::Resync) => (m.resync_next_unit.unwrap_or(0), self.scrub_units()),
             Some(MaintenanceWork::Check | MaintenanceWork::Repair) => {
@@ -224,7 +224,7 @@ impl<M: Member + ?Sized> Array<M> {
         if !self.has_redundancy() {
             return Err(RaidError::new(
                 ErrorKind::Refused,
-                format!("{} has no redundancy to check", self.geometry.level()),
+                format!("{} has no redundancy to check", self.layout().geometry().level()),
             ));
         }
         if !self.is_optimal() {
@@ -257,6 +257,10 @@ impl<M: Member + ?Sized> Array<M> {
         }
         // Counted like a write for the shutdown's drain; nothing runs once it has begun.
         let Some(_in_flight) = self.quiesce.enter() else { return Ok(Step::Idle) };
+        // Rebuild, resync and scrub work on a settled array (as md, never beside a reshape).
+        if self.shape.load().reshape().is_some() {
+            return Ok(Step::Idle);
+        }
         if let Some(step) = self.assign_spare().await? {
             return Ok(step);
         }
@@ -315,7 +319,7 @@ impl<M: Member + ?Sized> Array<M> {
         // writes take a while) must show it one way or the other, never neither (`ctl wait`
         // would read that as idle). If the assignment cannot be recorded it stays a spare.
         let Some(spare) = self.members.spares.lock().expect("spares lock").last().cloned() else { return Ok(None) };
-        if let Err(e) = self.clear_parity_log_of(&spare).await {
+        if let Err(e) = self.write_hole.device_joins(&spare).await {
             tracing::error!(member = spare.member.name(), error = %e, "spare marked faulty");
             self.members.spares.lock().expect("spares lock").retain(|d| d.id != spare.id);
             self.persist_locked(StateChange::Faulty { device: spare.id }).await;
@@ -363,7 +367,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// when `force`d. The device is flushed first: as md's superblock writes (preflush), the
     /// superblocks never claim rebuilt data that a crash could still take from its write cache.
     async fn checkpoint(&self, device: &Device<M>, change: StateChange, sectors: u64, force: bool) {
-        let every = CHECKPOINT_SECTORS.min(self.geometry.member_sectors(0) / 16).max(1);
+        let every = CHECKPOINT_SECTORS.min(self.layout().geometry().member_sectors(0) / 16).max(1);
         let due = {
             let mut m = self.maintenance.lock();
             m.since_checkpoint += sectors;
@@ -395,7 +399,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let slot = &self.members.slots[role];
         let device = slot.device().expect("recovering role has a device");
-        let total = self.geometry.member_sectors(role);
+        let total = self.layout().geometry().member_sectors(role);
         let start = slot.recovery_offset_sectors();
         if start >= total {
             if let Err(e) = device.member.flush().await {
@@ -442,7 +446,7 @@ impl<M: Member + ?Sized> Array<M> {
         self.maintenance.lock().current = Some(work);
         let slot = &self.members.slots[role];
         let replacement = slot.replacement().expect("replacement present");
-        let total = self.geometry.member_sectors(role);
+        let total = self.layout().geometry().member_sectors(role);
         let start = replacement.done_sectors.load(Ordering::Acquire);
         if start >= total {
             let flushed = replacement.device.member.flush().await;
@@ -484,8 +488,9 @@ impl<M: Member + ?Sized> Array<M> {
         max_bytes: u64,
         replacement: Option<&Arc<Replacement<M>>>,
     ) -> Result<(u64, u64)> {
-        let total = self.geometry.member_sectors(role);
-        if let Some(pg) = self.geometry.parity() {
+        let layout = self.layout();
+        let total = layout.geometry().member_sectors(role);
+        if let Some(pg) = layout.parity() {
             let chunk = u64::from(pg.chunk_sectors());
             debug_assert_eq!(start % chunk, 0, "recovery advances by whole stripes");
             let first = start / chunk;
@@ -494,7 +499,7 @@ impl<M: Member + ?Sized> Array<M> {
                 if replacement.is_none() && self.clean_in_bitmap(role, stripe * chunk..(stripe + 1) * chunk) {
                     continue;
                 }
-                self.rebuild_stripe(stripe, role, replacement).await?;
+                self.rebuild_stripe(&layout, stripe, role, replacement).await?;
                 if replacement.is_none() {
                     self.count_recovered(role, chunk);
                 }
@@ -502,8 +507,8 @@ impl<M: Member + ?Sized> Array<M> {
             return Ok(((first + count) * chunk, count * chunk * SECTOR_BYTES));
         }
         // Mirrors: walk member space of the role, chunk by chunk (raid1: 256 KiB pieces).
-        let piece = match self.geometry.level() {
-            crate::geometry::Level::Raid10 => u64::from(self.geometry.chunk_sectors()),
+        let piece = match self.layout().geometry().level() {
+            crate::geometry::Level::Raid10 => u64::from(self.layout().geometry().chunk_sectors()),
             _ => super::MIRROR_READ_SPLIT_SECTORS,
         };
         let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
@@ -517,11 +522,11 @@ impl<M: Member + ?Sized> Array<M> {
         while member_sector < end {
             let mut run = (piece - member_sector % piece).min(end - member_sector);
             if let Some(c) = bitmap_chunk
-                && self.geometry.level() == crate::geometry::Level::Raid1
+                && self.layout().geometry().level() == crate::geometry::Level::Raid1
             {
                 run = run.min(c - member_sector % c);
             }
-            if let Some(array_sector) = self.geometry.array_sector_of(role, member_sector)
+            if let Some(array_sector) = self.layout().geometry().array_sector_of(role, member_sector)
                 && (replacement.is_some() || !self.clean_in_bitmap(role, array_sector..array_sector + run))
             {
                 self.rebuild_mirror_piece(role, member_sector, array_sector, run, replacement).await?;
@@ -534,8 +539,14 @@ impl<M: Member + ?Sized> Array<M> {
         Ok((end, (end - start) * SECTOR_BYTES))
     }
 
-    async fn rebuild_stripe(&self, stripe: u64, role: usize, replacement: Option<&Arc<Replacement<M>>>) -> Result<()> {
-        let pg = self.geometry.parity().expect("parity level");
+    async fn rebuild_stripe(
+        &self,
+        array_layout: &Layout,
+        stripe: u64,
+        role: usize,
+        replacement: Option<&Arc<Replacement<M>>>,
+    ) -> Result<()> {
+        let pg = array_layout.parity().expect("parity level");
         let _guard = self.locks.lock(stripe).await;
         let layout = pg.stripe(stripe);
         let block = layout
@@ -545,7 +556,7 @@ impl<M: Member + ?Sized> Array<M> {
             .or_else(|| (layout.p_role == role).then_some(layout.data_roles.len()))
             .unwrap_or(layout.data_roles.len() + 1);
         let chunk = pg.chunk_sectors();
-        let member_sector = pg.stripe_member_sector(stripe);
+        let member_sector = array_layout.stripe_member_sector(stripe);
         // Runs of rows in which every block is uniformly good or bad; most stripes are one.
         let mut bounds = vec![0];
         if self.any_bad() {
@@ -558,7 +569,7 @@ impl<M: Member + ?Sized> Array<M> {
             let blocks = layout.data_roles.len() + pg.parity_disks();
             let lost = (0..blocks)
                 .filter(|&b| {
-                    let r = super::stripe::block_role(&layout, b);
+                    let r = super::stripe_read::block_role(&layout, b);
                     (r == role && replacement.is_none()) || !self.members.slots[r].is_readable(at, sectors)
                 })
                 .count();
@@ -570,7 +581,7 @@ impl<M: Member + ?Sized> Array<M> {
                 }
                 continue;
             }
-            let mut blocks = self.load_stripe_rows(stripe, (lo, hi)).await?;
+            let mut blocks = self.load_stripe_rows(array_layout, stripe, (lo, hi)).await?;
             let buf = blocks[block].take().expect("every block loaded");
             self.rebuild_write(role, replacement, at, buf).await?;
         }
@@ -585,8 +596,9 @@ impl<M: Member + ?Sized> Array<M> {
         sectors: u64,
         replacement: Option<&Arc<Replacement<M>>>,
     ) -> Result<()> {
-        let _guards = self.lock_mirror_range(array_sector, sectors).await;
-        let mapped = self.geometry.map(array_sector);
+        let layout = self.layout();
+        let _guards = self.lock_mirror_range(&layout, array_sector, sectors).await;
+        let mapped = layout.map(array_sector);
         debug_assert!(mapped.copies.iter().any(|c| c.role == role && c.member_sector == member_sector));
         for _attempt in 0..=self.members.slots.len() {
             let source = mapped

@@ -110,10 +110,10 @@ impl<M: Member + ?Sized> Array<M> {
         self.members.role(role)?;
         let mut failed = self.failed_roles();
         failed.push(role);
-        if !self.geometry.survives(&failed) {
+        if !self.layout().geometry().survives(&failed) {
             return Err(RaidError::new(
                 ErrorKind::Refused,
-                format!("failing role {role} would leave {} without its data", self.geometry.level()),
+                format!("failing role {role} would leave {} without its data", self.layout().geometry().level()),
             ));
         }
         self.mark_faulty(role, "failed by the administrator").await;
@@ -228,7 +228,7 @@ impl<M: Member + ?Sized> Array<M> {
                 match targets.iter_mut().find(|(d, _)| d.id == w.device) {
                     Some((_, list)) => list.push(w),
                     None => {
-                        let device = self.members.device_by_id(w.device).or_else(|| self.journal_device(w.device));
+                        let device = self.members.device_by_id(w.device).or_else(|| self.write_hole.device(w.device));
                         targets.extend(device.map(|d| (d, vec![w])));
                     }
                 }
@@ -246,8 +246,8 @@ impl<M: Member + ?Sized> Array<M> {
             .await;
             for (device, res) in results {
                 if let Err(e) = res {
-                    if self.journal_device(device).is_some() {
-                        self.journal_failed(&e, "superblock write");
+                    if self.write_hole.device(device).is_some() {
+                        self.write_hole.device_failed(self, &e, "superblock write");
                         continue;
                     }
                     tracing::error!(device, error = %e, "superblock write failed: device marked faulty");
@@ -313,7 +313,7 @@ impl<M: Member + ?Sized> Array<M> {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
         }
         let device = self.new_device(member).await?;
-        self.clear_parity_log_of(&device).await?;
+        self.write_hole.device_joins(&device).await?;
         self.persist_new_device_locked(&device, false).await?;
         self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
         slot.bitmap_recovery.store(true, Ordering::Release);
@@ -345,7 +345,8 @@ impl<M: Member + ?Sized> Array<M> {
     pub(super) async fn new_device(&self, member: Arc<M>) -> Result<Device<M>> {
         let data_offset_bytes = self.data_offset_for_new_device();
         let needed =
-            (0..self.members.slots.len()).map(|r| self.geometry.member_sectors(r)).max().unwrap_or(0) * SECTOR_BYTES;
+            (0..self.members.slots.len()).map(|r| self.layout().geometry().member_sectors(r)).max().unwrap_or(0)
+                * SECTOR_BYTES;
         if member.len_bytes() < data_offset_bytes + needed {
             return Err(RaidError::new(
                 ErrorKind::Refused,
@@ -408,11 +409,11 @@ impl<M: Member + ?Sized> Array<M> {
         if !self.has_redundancy() {
             return Err(RaidError::new(
                 ErrorKind::Refused,
-                format!("{} cannot replace members online", self.geometry.level()),
+                format!("{} cannot replace members online", self.layout().geometry().level()),
             ));
         }
         let device = self.new_device(member).await?;
-        self.clear_parity_log_of(&device).await?;
+        self.write_hole.device_joins(&device).await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.persist_new_device_locked(&device, false).await?;
         slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));

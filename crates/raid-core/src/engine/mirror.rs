@@ -15,7 +15,7 @@ use futures::future::join_all;
 use super::io::{Piece, coalesce};
 use super::read_assembler::ReadAssembler;
 use super::slot::{Device, Slot};
-use super::{Array, DataPath, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
+use super::{Array, DataPath, Layout, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -34,7 +34,7 @@ const MIRROR_READ_IMBALANCE_BYTES: u64 = 2 << 20;
 const ZERO_BATCH_SECTORS: u64 = 1 << 21; // 1 GiB
 
 impl<M: Member + ?Sized> Array<M> {
-    pub(super) async fn read_mirrored(&self, start_sector: u64, len_bytes: usize) -> Result<ReadData> {
+    pub(super) async fn read_mirrored(&self, layout: &Layout, start_sector: u64, len_bytes: usize) -> Result<ReadData> {
         let mut out = ReadAssembler::new(len_bytes);
         // (array sector, sectors, offset in request)
         let mut todo = vec![(start_sector, len_bytes as u64 / SECTOR_BYTES, 0usize)];
@@ -45,7 +45,7 @@ impl<M: Member + ?Sized> Array<M> {
             let mut planned = vec![0u64; self.members.slots.len()];
             let mut pieces = Vec::new();
             for (sector, sectors, req_offset) in todo.drain(..) {
-                self.plan_mirror_reads(sector, sectors, req_offset, &mut planned, &mut pieces)?;
+                self.plan_mirror_reads(layout, sector, sectors, req_offset, &mut planned, &mut pieces)?;
             }
             let failed = self.read_pieces(pieces, &mut out).await?;
             todo = failed
@@ -63,17 +63,20 @@ impl<M: Member + ?Sized> Array<M> {
     /// "read normally": a parity level, a copy not in memory, or a range no readable copy
     /// holds (where `read` reports the error). The extents name the bytes at the time of
     /// the call; a write racing the caller's use of them may or may not be seen, as for
-    /// any two requests in flight together.
+    /// any two requests in flight together. Only a settled array answers (a reshape moves
+    /// the bytes such extents name).
     pub fn read_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {
         self.check_io(offset_bytes, len_bytes as u64, true)?;
-        if self.data_path() == DataPath::Striped {
+        let shape = self.shape.load();
+        let layout = shape.layout();
+        if shape.reshape().is_some() || DataPath::of(layout) == DataPath::Striped {
             return Ok(None);
         }
         let mut pieces = Vec::new();
         let mut planned = vec![0u64; self.members.slots.len()];
         let start_sector = offset_bytes / SECTOR_BYTES;
-        if self.plan_mirror_reads(start_sector, len_bytes as u64 / SECTOR_BYTES, 0, &mut planned, &mut pieces).is_err()
-        {
+        let sectors = len_bytes as u64 / SECTOR_BYTES;
+        if self.plan_mirror_reads(layout, start_sector, sectors, 0, &mut planned, &mut pieces).is_err() {
             return Ok(None);
         }
         let extents = self.file_extents(pieces, len_bytes, |_, device, at, len| device.member.memory_file(at, len));
@@ -89,14 +92,17 @@ impl<M: Member + ?Sized> Array<M> {
     /// files. The caller then puts the bytes there itself and calls [`flush`](Self::flush)
     /// for FUA. What a write needs before its bytes land (the superblocks marked dirty) is
     /// done before this returns. `Ok(None)` means "write normally"; errors are those of
-    /// `write` (read-only, out of range, a failed array).
+    /// `write` (read-only, out of range, a failed array). Only a settled array answers.
     pub async fn write_in_place(&self, offset_bytes: u64, len_bytes: usize) -> Result<Option<Vec<FileExtent>>> {
         self.check_writable("write")?;
         self.check_io(offset_bytes, len_bytes as u64, true)?;
-        if !matches!(self.geometry.level(), Level::Linear | Level::Raid0) || self.intent.is_some() {
+        let shape = self.shape.load();
+        let layout = shape.layout();
+        let one_copy = matches!(layout.geometry().level(), Level::Linear | Level::Raid0);
+        if shape.reshape().is_some() || !one_copy || self.intent.is_some() {
             return Ok(None);
         }
-        let pieces = self.writable_copies(offset_bytes / SECTOR_BYTES, len_bytes as u64 / SECTOR_BYTES)?;
+        let pieces = self.writable_copies(layout, offset_bytes / SECTOR_BYTES, len_bytes as u64 / SECTOR_BYTES)?;
         let Some(extents) = self.file_extents(pieces, len_bytes, |slot, device, at, len| {
             slot.replacement().is_none().then(|| device.member.memory_file_for_write(at, len)).flatten()
         }) else {
@@ -143,6 +149,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// where "least loaded" would always pick the first copy).
     fn plan_mirror_reads(
         &self,
+        layout: &Layout,
         mut sector: u64,
         sectors: u64,
         mut req_offset: usize,
@@ -150,17 +157,18 @@ impl<M: Member + ?Sized> Array<M> {
         pieces: &mut Vec<Piece>,
     ) -> Result<()> {
         let end = sector + sectors;
+        let level = layout.geometry().level();
         while sector < end {
-            let mapped = self.geometry.map(sector);
+            let mapped = layout.map(sector);
             let mut run = mapped.len_sectors.min(end - sector);
-            if self.geometry.level() == Level::Raid1 {
+            if level == Level::Raid1 {
                 run = run.min(MIRROR_READ_SPLIT_SECTORS - sector % MIRROR_READ_SPLIT_SECTORS);
             }
             let readable: Vec<&Extent> = self.read_candidates(
                 mapped.copies.iter().filter(|c| self.members.slots[c.role].is_readable(c.member_sector, run)).collect(),
             );
             let load = |c: &Extent| self.read_load(c.role) + planned[c.role];
-            let region = match self.geometry.level() {
+            let region = match level {
                 Level::Raid1 => MIRROR_READ_SPLIT_SECTORS,
                 _ => MIRROR_READ_REGION_SECTORS,
             };
@@ -194,30 +202,42 @@ impl<M: Member + ?Sized> Array<M> {
     /// Locks the lock units covering `[sector, sector + sectors)` of a linear, raid0, raid1 or
     /// raid10 array. (Linear and raid0 writes lock too, so that a byte-granular write's
     /// read-modify-write of a sector is not interleaved with another write to it.)
-    pub(super) async fn lock_mirror_range(&self, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
-        let unit = match self.geometry.level() {
+    pub(super) async fn lock_mirror_range(&self, layout: &Layout, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
+        let unit = match layout.geometry().level() {
             Level::Linear | Level::Raid0 | Level::Raid1 => MIRROR_LOCK_SECTORS,
-            Level::Raid10 => u64::from(self.geometry.chunk_sectors()),
+            Level::Raid10 => u64::from(layout.geometry().chunk_sectors()),
             _ => return Vec::new(),
         };
         let (first, last) = (sector / unit, (sector + sectors - 1) / unit);
         self.locks.lock_all(first..=last).await
     }
 
-    pub(super) async fn write_mirrored(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
+    pub(super) async fn write_mirrored(
+        &self,
+        layout: &Layout,
+        start_sector: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<()> {
         let sectors = data.len() as u64 / SECTOR_BYTES;
         if sectors == 0 {
             return Ok(());
         }
-        let _guards = self.lock_mirror_range(start_sector, sectors).await;
-        self.write_mirrored_locked(start_sector, data, fua).await
+        let _guards = self.lock_mirror_range(layout, start_sector, sectors).await;
+        self.write_mirrored_locked(layout, start_sector, data, fua).await
     }
 
     /// [`write_mirrored`](Self::write_mirrored) with the lock units already held.
-    pub(super) async fn write_mirrored_locked(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
+    pub(super) async fn write_mirrored_locked(
+        &self,
+        layout: &Layout,
+        start_sector: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<()> {
         let sectors = data.len() as u64 / SECTOR_BYTES;
         let _intent = self.intent_begin(start_sector..start_sector + sectors).await?;
-        let pieces = self.writable_copies(start_sector, sectors)?;
+        let pieces = self.writable_copies(layout, start_sector, sectors)?;
         let runs = coalesce(pieces);
         let results = join_all(runs.iter().map(|run| async move {
             if let [(p, _)] = run.pieces.as_slice() {
@@ -237,15 +257,16 @@ impl<M: Member + ?Sized> Array<M> {
             self.write_member(run.role, run.member_sector, buf, fua).await
         }))
         .await;
-        self.finish_mirror_writes(start_sector, sectors, runs.iter().map(|r| r.role).zip(results), "write").await
+        self.finish_mirror_writes(layout, start_sector, sectors, runs.iter().map(|r| r.role).zip(results), "write")
+            .await
     }
 
     /// Every writable copy of every piece of the range, as pieces (offsets in the request).
-    fn writable_copies(&self, start_sector: u64, sectors: u64) -> Result<Vec<Piece>> {
+    fn writable_copies(&self, layout: &Layout, start_sector: u64, sectors: u64) -> Result<Vec<Piece>> {
         let mut pieces = Vec::new();
         let (mut sector, end) = (start_sector, start_sector + sectors);
         while sector < end {
-            let mapped = self.geometry.map(sector);
+            let mapped = layout.map(sector);
             let run = mapped.len_sectors.min(end - sector);
             let req_offset_bytes = ((sector - start_sector) * SECTOR_BYTES) as usize;
             let before = pieces.len();
@@ -270,6 +291,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Marks members whose write failed; succeeds if every piece kept a copy.
     async fn finish_mirror_writes(
         &self,
+        layout: &Layout,
         start_sector: u64,
         sectors: u64,
         results: impl Iterator<Item = (usize, std::io::Result<()>)>,
@@ -287,29 +309,30 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(RaidError::io(format!("{what} to role {role} failed"), e));
         }
         // Failed members are now faulty: a piece is safe iff it still has a writable copy.
-        self.writable_copies(start_sector, sectors).map(|_| ())
+        self.writable_copies(layout, start_sector, sectors).map(|_| ())
     }
 
     /// Zeroes (or discards) whole copies of a range on linear/raid0/raid1/raid10.
     pub(super) async fn zero_mirrored(
         &self,
+        layout: &Layout,
         start_sector: u64,
         sectors: u64,
         deallocate: bool,
-        fua: bool,
     ) -> Result<()> {
         let end = start_sector + sectors;
         let mut batch_start = start_sector;
         while batch_start < end {
             let batch = (end - batch_start).min(ZERO_BATCH_SECTORS);
-            let _guards = self.lock_mirror_range(batch_start, batch).await;
+            let _guards = self.lock_mirror_range(layout, batch_start, batch).await;
             let _intent = self.intent_begin(batch_start..batch_start + batch).await?;
-            let runs = coalesce(self.writable_copies(batch_start, batch)?);
+            let runs = coalesce(self.writable_copies(layout, batch_start, batch)?);
             let results =
                 join_all(runs.iter().map(|r| self.zero_member(r.role, r.member_sector, r.sectors, deallocate))).await;
-            self.finish_mirror_writes(batch_start, batch, runs.iter().map(|r| r.role).zip(results), "zero").await?;
+            let roles = runs.iter().map(|r| r.role).zip(results);
+            self.finish_mirror_writes(layout, batch_start, batch, roles, "zero").await?;
             batch_start += batch;
         }
-        if fua { self.flush().await } else { Ok(()) }
+        Ok(())
     }
 }

@@ -32,21 +32,23 @@ mod bad_blocks;
 mod gather;
 mod intent;
 mod io;
-mod journal;
 mod lock_table;
 mod maintenance;
 mod membership;
 mod metadata;
 mod mirror;
-mod parity_log;
 mod quiesce;
 mod read_assembler;
 mod read_balance;
 mod scrub;
+mod shape;
 mod slot;
-mod stripe;
 mod stripe_plan;
+mod stripe_read;
+mod stripe_write;
+mod stripe_zero;
 mod unaligned;
+mod write_hole;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,13 +57,16 @@ use futures::future::join_all;
 
 pub use away::{AwayImage, AwayStart, AwayStatus, AwayStore};
 pub use gather::Timer;
-pub use journal::{JournalConfig, JournalReport, JournalStats, MIN_JOURNAL_BYTES};
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
-pub use parity_log::{MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, ParityLogStats, ReplayReport};
 pub use scrub::ScrubCounts;
+pub use shape::{Direction, Layout, Reshape, Shape};
 pub use slot::{Device, RoleMember, SlotState};
+pub use write_hole::{
+    JournalConfig, JournalReport, JournalStats, MIN_JOURNAL_BYTES, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig,
+    ParityLogStats, ReplayReport, WriteHoleReport, WriteHoleStart, WriteHoleStats,
+};
 
 // The read result, defined with the Volume contract it is part of (crate::read_data).
 pub use crate::read_data::{FileExtent, ReadData, Segment};
@@ -72,6 +77,7 @@ use crate::geometry::Geometry;
 use crate::member::Member;
 use crate::volume::{Volume, VolumeFuture};
 use membership::Membership;
+use shape::{Part, Parts, ShapeCell};
 
 /// Largest READ/WRITE the engine accepts in one call (the NBD kernel client's maximum).
 pub const MAX_IO_BYTES: usize = 32 << 20;
@@ -85,14 +91,23 @@ const MIRROR_READ_SPLIT_SECTORS: u64 = 512; // 256 KiB
 /// Lock unit for raid1 writes, in array sectors.
 const MIRROR_LOCK_SECTORS: u64 = 128; // 64 KiB
 
-/// How a level's data lies on the members. [`Array::data_path`] is the one place a level
-/// picks its path; read, write, zeroing, in-place reads and scrub dispatch on it.
+/// Trim and write-zeroes enter the shape for at most this many array sectors at a time.
+const ZERO_ROUTE_SECTORS: u64 = 1 << 21; // 1 GiB
+
+/// How a level's data lies on the members. [`DataPath::of`] is the one place a level picks
+/// its path; read, write, zeroing, in-place reads and scrub dispatch on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DataPath {
     /// linear, raid0, raid1, raid10: every byte on one member, or copied (mirror.rs).
     Mirrored,
     /// raid4/5/6: data and parity in stripes, under stripe locks (stripe.rs).
     Striped,
+}
+
+impl DataPath {
+    pub(crate) fn of(layout: &Layout) -> DataPath {
+        if layout.parity().is_some() { DataPath::Striped } else { DataPath::Mirrored }
+    }
 }
 
 /// Snapshot of one role for status displays.
@@ -113,7 +128,9 @@ pub struct RoleStatus {
 
 /// A running RAID array over members of type `M` (often `dyn Member`).
 pub struct Array<M: Member + ?Sized> {
-    geometry: Geometry,
+    /// The geometry each array sector lies in, versioned, and the requests in flight on it
+    /// (shape.rs).
+    shape: ShapeCell,
     /// Roles, spares and device ids (membership.rs).
     members: Membership<M>,
     locks: LockTable,
@@ -134,10 +151,8 @@ pub struct Array<M: Member + ?Sized> {
     quiesce: quiesce::Quiesce,
     /// Full-stripe gathering of sequential writes (raid4/5/6, when enabled: gather.rs).
     gather: std::sync::OnceLock<gather::Gather>,
-    /// The partial parity log (raid5 with md's PPL: parity_log.rs).
-    parity_log: Option<parity_log::ParityLog>,
-    /// The write journal (raid4/5/6 with md's `--write-journal`: journal.rs).
-    journal: Option<journal::Journal<M>>,
+    /// How striped writes close the write hole: none, md's PPL, or md's journal (write_hole/).
+    write_hole: Box<dyn write_hole::WriteHole<M>>,
 }
 
 impl<M: Member + ?Sized> Array<M> {
@@ -190,7 +205,7 @@ impl<M: Member + ?Sized> Array<M> {
             ));
         }
         Ok(Self {
-            geometry,
+            shape: ShapeCell::new(Shape::settled(Layout::settled(geometry))),
             members,
             locks: LockTable::new(),
             metadata: metadata.map(Mutex::new),
@@ -202,8 +217,7 @@ impl<M: Member + ?Sized> Array<M> {
             read_only: AtomicBool::new(false),
             quiesce: quiesce::Quiesce::default(),
             gather: std::sync::OnceLock::new(),
-            parity_log: None,
-            journal: None,
+            write_hole: Box::new(write_hole::Plain),
         })
     }
 
@@ -213,17 +227,23 @@ impl<M: Member + ?Sized> Array<M> {
         self
     }
 
-    /// The data path of this array's level.
-    pub(crate) fn data_path(&self) -> DataPath {
-        if self.geometry.parity().is_some() { DataPath::Striped } else { DataPath::Mirrored }
+    /// The layout the array is in (or is being reshaped to).
+    pub(crate) fn layout(&self) -> std::sync::Arc<Layout> {
+        self.shape.load().layout().clone()
     }
 
-    pub fn geometry(&self) -> &Geometry {
-        &self.geometry
+    /// The geometry the array is in (or is being reshaped to).
+    pub fn geometry(&self) -> Geometry {
+        self.layout().geometry().clone()
+    }
+
+    /// The array's layouts now: one, or two and the front during a reshape.
+    pub fn shape(&self) -> std::sync::Arc<Shape> {
+        self.shape.load()
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.geometry.array_sectors() * SECTOR_BYTES
+        self.shape.load().export_sectors() * SECTOR_BYTES
     }
 
     /// Whether every role is in sync.
@@ -289,9 +309,22 @@ impl<M: Member + ?Sized> Array<M> {
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<ReadData> {
         self.check_io(offset_bytes, len_bytes as u64, true)?;
         self.client_io_bytes.fetch_add(len_bytes as u64, Ordering::Relaxed);
-        match self.data_path() {
-            DataPath::Striped => self.read_striped(offset_bytes / SECTOR_BYTES, len_bytes).await,
-            DataPath::Mirrored => self.read_mirrored(offset_bytes / SECTOR_BYTES, len_bytes).await,
+        let entered = self.shape.enter(offset_bytes / SECTOR_BYTES, len_bytes as u64 / SECTOR_BYTES).await;
+        match &entered.parts {
+            Parts::One(part) => self.read_part(part).await,
+            Parts::Two(a, b) => {
+                let (a, b) = futures::join!(self.read_part(a), self.read_part(b));
+                Ok(a?.append(b?))
+            }
+        }
+    }
+
+    /// Reads one part of a request, in its layout.
+    async fn read_part(&self, part: &Part) -> Result<ReadData> {
+        let len_bytes = (part.sectors * SECTOR_BYTES) as usize;
+        match DataPath::of(&part.layout) {
+            DataPath::Striped => self.read_striped(&part.layout, part.start, len_bytes).await,
+            DataPath::Mirrored => self.read_mirrored(&part.layout, part.start, len_bytes).await,
         }
     }
 
@@ -302,7 +335,8 @@ impl<M: Member + ?Sized> Array<M> {
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
         let start = offset_bytes / SECTOR_BYTES;
-        if let (Some(gather), Some(pg)) = (self.gather.get(), self.geometry.parity()) {
+        let layout = self.layout();
+        if let (Some(gather), Some(pg)) = (self.gather.get(), layout.parity()) {
             let stripe_sectors = u64::from(pg.chunk_sectors()) * pg.data_disks() as u64;
             let end = start + data.len() as u64 / SECTOR_BYTES;
             match gather.arrive(start, end, data, fua, stripe_sectors) {
@@ -338,7 +372,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Lets sequential partial-stripe writes of a raid4/5/6 wait up to `window` for the
     /// writes that complete their stripe (gather.rs). No effect on other levels.
     pub fn enable_write_gathering(&self, window: std::time::Duration, timer: std::sync::Arc<dyn Timer>) {
-        if self.geometry.parity().is_some() && !window.is_zero() {
+        if self.layout().parity().is_some() && !window.is_zero() {
             let _ = self.gather.set(gather::Gather::new(window, timer));
         }
     }
@@ -368,19 +402,16 @@ impl<M: Member + ?Sized> Array<M> {
         self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, true, fua, true).await
     }
 
-    /// Makes every completed write durable on every live member (and, with a parity log,
-    /// takes them out of its newest headers).
+    /// Makes every completed write durable on every live member (and tells the write-hole
+    /// policy, which may then stop logging them: a parity log's newest headers).
     pub async fn flush(&self) -> Result<()> {
         self.flush_members().await?;
-        match &self.parity_log {
-            Some(_) => self.retire_logs(&(0..self.members.slots.len()).collect::<Vec<_>>()).await,
-            None => Ok(()),
-        }
+        self.write_hole.after_flush(self).await
     }
 
     /// Flushes every live member and replacement.
-    async fn flush_members(&self) -> Result<()> {
-        let flush_number = self.parity_log.as_ref().map(parity_log::ParityLog::flush_started);
+    pub(crate) async fn flush_members(&self) -> Result<()> {
+        let flush_number = self.write_hole.member_flush_started();
         let away_epoch = self.away.get().map(away::AwayRecord::flush_started);
         let live: Vec<usize> = (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
         let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> =
@@ -400,9 +431,7 @@ impl<M: Member + ?Sized> Array<M> {
             }
         }
         self.check_survives("flush")?;
-        if let (Some(log), Some(n)) = (&self.parity_log, flush_number) {
-            log.flush_done(n);
-        }
+        self.write_hole.member_flush_done(flush_number);
         if let (Some(away), Some(epoch)) = (self.away.get(), away_epoch) {
             away.flush_done(epoch);
         }
@@ -420,10 +449,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         self.quiesce.stop_and_drain().await;
         self.flush().await?;
-        if self.journal.is_some() {
-            // As md's stop: the tail moves to the last unit (the next start replays only it).
-            self.journal_reclaim(false).await?;
-        }
+        self.write_hole.shutdown(self).await?;
         if self.dirty.load(Ordering::Acquire) {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             let change = match self.resync_checkpoint() {
@@ -463,34 +489,48 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
-    fn has_redundancy(&self) -> bool {
-        self.geometry.max_failures() > 0
+    pub(crate) fn has_redundancy(&self) -> bool {
+        self.shape.load().max_failures() > 0
     }
 
     /// Error unless the array still holds all its data.
-    fn check_survives(&self, what: &str) -> Result<()> {
+    pub(crate) fn check_survives(&self, what: &str) -> Result<()> {
         let failed = self.failed_roles();
-        if self.geometry.survives(&failed) {
+        let shape = self.shape.load();
+        if shape.survives(&failed) {
             Ok(())
         } else {
             Err(RaidError::new(
                 ErrorKind::ArrayFailed,
-                format!("{what}: {} has lost roles {failed:?}, more than its redundancy", self.geometry.level()),
+                format!(
+                    "{what}: {} has lost roles {failed:?}, more than its redundancy",
+                    shape.layout().geometry().level()
+                ),
             ))
         }
     }
 
+    /// Zeroes (or trims) a range, a batch of at most [`ZERO_ROUTE_SECTORS`] at a time, each
+    /// routed by the shape on its own (a long zeroing never holds a reshape up for long).
     async fn zero_range(&self, start: u64, sectors: u64, deallocate: bool, fua: bool, trim_only: bool) -> Result<()> {
-        if sectors == 0 {
-            return Ok(());
-        }
-        match self.data_path() {
-            DataPath::Striped => {
-                self.zero_striped(start, sectors, deallocate, trim_only).await?;
-                if fua { self.flush().await } else { Ok(()) }
+        let end = start + sectors;
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(ZERO_ROUTE_SECTORS - at % ZERO_ROUTE_SECTORS);
+            let entered = self.shape.enter(at, n).await;
+            for part in entered.parts.iter() {
+                match DataPath::of(&part.layout) {
+                    DataPath::Striped => {
+                        self.zero_striped(&part.layout, part.start, part.sectors, deallocate, trim_only).await?
+                    }
+                    DataPath::Mirrored => {
+                        self.zero_mirrored(&part.layout, part.start, part.sectors, deallocate).await?
+                    }
+                }
             }
-            DataPath::Mirrored => self.zero_mirrored(start, sectors, deallocate, fua).await,
+            at += n;
         }
+        if fua && sectors > 0 { self.flush().await } else { Ok(()) }
     }
 
     async fn ensure_dirty(&self) -> Result<()> {
@@ -518,16 +558,10 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
         Box::pin(Array::write(self, offset_bytes, data, fua))
     }
     fn flush(&self) -> VolumeFuture<'_, ()> {
-        // With a journal every completed write is durable in it already (its units are
-        // written FUA and the tail passes them only after a member flush): md completes
-        // such flushes at once too.
-        if let Some(journal) = &self.journal {
-            return Box::pin(async move { journal.check_not_failed() });
-        }
-        Box::pin(Array::flush(self))
+        self.write_hole.client_flush(self)
     }
     fn can_trim(&self) -> bool {
-        self.journal.is_none()
+        self.write_hole.can_trim()
     }
     fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> VolumeFuture<'_, ()> {
         Box::pin(Array::trim(self, offset_bytes, len_bytes, fua))
@@ -546,5 +580,78 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
     }
     fn write_bytes<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
         Box::pin(Array::write_bytes(self, offset_bytes, data, fua))
+    }
+}
+
+/// The write-hole policy: installing one (start-up), starting it, and its counters.
+impl<M: Member + ?Sized> Array<M> {
+    /// Enables the partial parity log (raid5). Call [`Array::start_parity_log`] before writes.
+    pub fn with_parity_log(mut self, config: ParityLogConfig) -> Result<Self> {
+        self.write_hole = Box::new(write_hole::ParityLog::for_array(config, self.layout().geometry())?);
+        Ok(self)
+    }
+
+    /// Adds the journal (raid4/5/6; md's `--write-journal`).
+    pub fn with_journal(mut self, device: Device<M>, config: JournalConfig) -> Result<Self>
+    where
+        M: 'static,
+    {
+        self.members.next_device_id.fetch_max(device.id + 1, Ordering::AcqRel);
+        self.write_hole = Box::new(write_hole::Journal::for_array(device, config, self.layout().geometry())?);
+        Ok(self)
+    }
+
+    /// Starts the write-hole policy (replays what a crash left).
+    pub async fn start_write_hole(&self, start: WriteHoleStart) -> Result<WriteHoleReport> {
+        self.write_hole.start(self, start).await
+    }
+
+    /// Counters of the write-hole policy.
+    pub fn write_hole_stats(&self) -> WriteHoleStats {
+        self.write_hole.stats()
+    }
+
+    pub async fn start_parity_log(&self, unclean: bool) -> Result<ReplayReport> {
+        let start = WriteHoleStart { unclean, read_only: false, forced_read_only: false };
+        match self.start_write_hole(start).await? {
+            WriteHoleReport::ParityLog(r) => Ok(r),
+            _ => Ok(ReplayReport::default()),
+        }
+    }
+
+    pub async fn start_journal(&self) -> Result<JournalReport> {
+        let start = WriteHoleStart { unclean: true, read_only: false, forced_read_only: false };
+        match self.start_write_hole(start).await? {
+            WriteHoleReport::Journal(r) => Ok(r),
+            _ => Ok(JournalReport::default()),
+        }
+    }
+
+    pub async fn scan_journal(&self) -> Result<JournalReport> {
+        let start = WriteHoleStart { unclean: true, read_only: true, forced_read_only: false };
+        match self.start_write_hole(start).await? {
+            WriteHoleReport::Journal(r) => Ok(r),
+            _ => Ok(JournalReport::default()),
+        }
+    }
+
+    pub fn parity_log_stats(&self) -> Option<ParityLogStats> {
+        match self.write_hole_stats() {
+            WriteHoleStats::ParityLog(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn journal_stats(&self) -> Option<JournalStats> {
+        match self.write_hole_stats() {
+            WriteHoleStats::Journal(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Records the journal's tail in the superblocks.
+    pub(crate) async fn record_journal_tail(&self, sectors: u64) -> Result<()> {
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        self.try_persist_locked(StateChange::JournalTail { sectors }).await
     }
 }

@@ -12,8 +12,8 @@
 
 use futures::future::join_all;
 
-use super::stripe::{block_kinds, block_role};
-use super::{Array, DataPath};
+use super::stripe_read::{block_kinds, block_role};
+use super::{Array, DataPath, Layout};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -52,9 +52,9 @@ impl std::ops::AddAssign for ScrubCounts {
 impl<M: Member + ?Sized> Array<M> {
     /// Number of scrub units (see the module docs).
     pub fn scrub_units(&self) -> u64 {
-        match self.geometry.parity() {
+        match self.layout().parity() {
             Some(pg) => pg.stripes(),
-            None => self.geometry.array_sectors().div_ceil(MIRROR_UNIT_SECTORS),
+            None => self.layout().geometry().array_sectors().div_ceil(MIRROR_UNIT_SECTORS),
         }
     }
 
@@ -73,26 +73,31 @@ impl<M: Member + ?Sized> Array<M> {
         if !self.has_redundancy() {
             return Err(RaidError::new(
                 ErrorKind::Refused,
-                format!("{} has no redundancy to check", self.geometry.level()),
+                format!("{} has no redundancy to check", self.layout().geometry().level()),
             ));
         }
+        let shape = self.shape.load();
+        if shape.reshape().is_some() {
+            return Err(RaidError::new(ErrorKind::Refused, "cannot check an array while it is reshaped"));
+        }
+        let layout = shape.layout();
         let mut total = ScrubCounts::default();
         let end = (first + count).min(self.scrub_units());
         for unit in first..end {
-            total += match self.data_path() {
-                DataPath::Striped => self.scrub_stripe(unit, repair).await?,
-                DataPath::Mirrored => self.scrub_mirror_unit(unit, repair).await?,
+            total += match DataPath::of(layout) {
+                DataPath::Striped => self.scrub_stripe(layout, unit, repair).await?,
+                DataPath::Mirrored => self.scrub_mirror_unit(layout, unit, repair).await?,
             };
         }
         Ok(total)
     }
 
-    async fn scrub_stripe(&self, stripe: u64, repair: bool) -> Result<ScrubCounts> {
-        let pg = self.geometry.parity().expect("parity level");
+    async fn scrub_stripe(&self, array_layout: &Layout, stripe: u64, repair: bool) -> Result<ScrubCounts> {
+        let pg = array_layout.parity().expect("parity level");
         let _guard = self.locks.lock(stripe).await;
         let layout = pg.stripe(stripe);
         let chunk = u64::from(pg.chunk_sectors());
-        let member_sector = pg.stripe_member_sector(stripe);
+        let member_sector = array_layout.stripe_member_sector(stripe);
         let kinds = block_kinds(&layout, pg.parity_disks());
         let roles: Vec<usize> = (0..kinds.len()).map(|b| block_role(&layout, b)).collect();
         let blocks = self.read_all(&roles, member_sector, chunk).await?;
@@ -151,14 +156,14 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(counts)
     }
 
-    async fn scrub_mirror_unit(&self, unit: u64, repair: bool) -> Result<ScrubCounts> {
+    async fn scrub_mirror_unit(&self, layout: &Layout, unit: u64, repair: bool) -> Result<ScrubCounts> {
         let start = unit * MIRROR_UNIT_SECTORS;
-        let end = (start + MIRROR_UNIT_SECTORS).min(self.geometry.array_sectors());
-        let _guards = self.lock_mirror_range(start, end - start).await;
+        let end = (start + MIRROR_UNIT_SECTORS).min(layout.geometry().array_sectors());
+        let _guards = self.lock_mirror_range(layout, start, end - start).await;
         let mut counts = ScrubCounts { scrubbed_bytes: (end - start) * SECTOR_BYTES, ..Default::default() };
         let mut sector = start;
         while sector < end {
-            let mapped = self.geometry.map(sector);
+            let mapped = layout.map(sector);
             let run = mapped.len_sectors.min(end - sector).min(MIRROR_BLOCK_SECTORS - sector % MIRROR_BLOCK_SECTORS);
             let reads = join_all(mapped.copies.iter().map(|c| self.read_member(c.role, c.member_sector, run))).await;
             let mut bufs = Vec::with_capacity(reads.len());

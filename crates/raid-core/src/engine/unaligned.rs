@@ -11,8 +11,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::stripe::WriteSource;
-use super::{Array, DataPath, LockGuard, MAX_IO_BYTES};
+use super::shape::{Part, Parts};
+use super::stripe_write::WriteSource;
+use super::{Array, DataPath, Layout, LockGuard, MAX_IO_BYTES};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -82,35 +83,50 @@ impl<M: Member + ?Sized> Array<M> {
     /// bytes from `at`.
     async fn patch_sector(&self, sector: u64, at: usize, bytes: &[u8], fua: bool) -> Result<()> {
         debug_assert!(at + bytes.len() <= SECTOR_BYTES as usize && !bytes.is_empty());
-        let _guards = self.lock_write_range(sector, 1).await;
-        let old = match self.data_path() {
-            DataPath::Striped => self.read_striped_in(sector, SECTOR_BYTES as usize, true).await?,
-            DataPath::Mirrored => self.read_mirrored(sector, SECTOR_BYTES as usize).await?,
+        let entered = self.shape.enter(sector, 1).await;
+        let Parts::One(Part { layout, .. }) = &entered.parts else { unreachable!("one sector is one part") };
+        let _guards = self.lock_write_range(layout, sector, 1).await;
+        let old = match DataPath::of(layout) {
+            DataPath::Striped => self.read_striped_in(layout, sector, SECTOR_BYTES as usize, true).await?,
+            DataPath::Mirrored => self.read_mirrored(layout, sector, SECTOR_BYTES as usize).await?,
         };
         let mut buf = AlignedBuf::from_slice(&old.to_vec());
         buf.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
-        match self.data_path() {
-            DataPath::Striped => self.write_striped_locked(sector, buf.as_slice(), fua).await,
-            DataPath::Mirrored => self.write_mirrored_locked(sector, buf.as_slice(), fua).await,
+        match DataPath::of(layout) {
+            DataPath::Striped => self.write_striped_locked(layout, sector, buf.as_slice(), fua).await,
+            DataPath::Mirrored => self.write_mirrored_locked(layout, sector, buf.as_slice(), fua).await,
         }
     }
 
-    /// Whole sectors by the data path (inside an entered write, the array marked dirty).
+    /// Whole sectors by the data path of each part's layout (inside an entered write, the
+    /// array marked dirty).
     pub(super) async fn write_sectors(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
-        match self.data_path() {
-            DataPath::Striped => {
-                let sectors = data.len() as u64 / SECTOR_BYTES;
-                self.write_striped(start_sector, sectors, WriteSource::Data(data), fua).await
+        let entered = self.shape.enter(start_sector, data.len() as u64 / SECTOR_BYTES).await;
+        match &entered.parts {
+            Parts::One(part) => self.write_part(part, data, fua).await,
+            Parts::Two(a, b) => {
+                let (first, second) = data.split_at((a.sectors * SECTOR_BYTES) as usize);
+                let (a, b) = futures::join!(self.write_part(a, first, fua), self.write_part(b, second, fua));
+                a.and(b)
             }
-            DataPath::Mirrored => self.write_mirrored(start_sector, data, fua).await,
         }
     }
 
-    /// The locks a write of `[sector, +sectors)` takes.
-    async fn lock_write_range(&self, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
-        match self.data_path() {
-            DataPath::Striped => self.locks.lock_all(self.stripes_of(sector, sectors)).await,
-            DataPath::Mirrored => self.lock_mirror_range(sector, sectors).await,
+    /// Writes one part of a request, in its layout.
+    async fn write_part(&self, part: &Part, data: &[u8], fua: bool) -> Result<()> {
+        match DataPath::of(&part.layout) {
+            DataPath::Striped => {
+                self.write_striped(&part.layout, part.start, part.sectors, WriteSource::Data(data), fua).await
+            }
+            DataPath::Mirrored => self.write_mirrored(&part.layout, part.start, data, fua).await,
+        }
+    }
+
+    /// The locks a write of `[sector, +sectors)` of `layout` takes.
+    async fn lock_write_range(&self, layout: &Layout, sector: u64, sectors: u64) -> Vec<LockGuard<'_>> {
+        match DataPath::of(layout) {
+            DataPath::Striped => self.locks.lock_all(self.stripes_of(layout, sector, sectors)).await,
+            DataPath::Mirrored => self.lock_mirror_range(layout, sector, sectors).await,
         }
     }
 }

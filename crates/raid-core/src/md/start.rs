@@ -61,7 +61,7 @@ pub async fn read_superblock_area<M: Member + ?Sized>(member: &M) -> Result<Vec<
 ///
 /// A dirty, degraded raid4/5/6 (the write hole: parity of stripes written at the crash may be
 /// stale, so data rebuilt from it may be wrong) is started read-only unless `options.force`.
-pub async fn start<M: Member + ?Sized>(
+pub async fn start<M: Member + ?Sized + 'static>(
     assembly: &Assembly,
     members: &[Arc<M>],
     options: StartOptions,

@@ -1,26 +1,17 @@
-//! The partial parity log (md's PPL, raid5): what closes the write hole.
+//! The partial parity log itself: one log per role, a chain of headers in its area, and the
+//! entries each write puts there before its member writes start.
 //!
-//! Before the data and parity of a stripe are written, the stripe's *partial parity* (the
-//! XOR of the data it does not modify) goes, FUA, to the log area of the stripe's parity
-//! member. After a crash, replay recomputes each logged stripe's parity as partial parity
-//! XOR the modified data now on the members, so parity agrees with the data whatever part
-//! of the write landed, and a member lost afterwards is rebuilt right. Full-stripe writes
-//! log an entry without partial parity (parity is then recomputed from all data), as md.
-//! Format: [`crate::ppl`].
-//!
-//! Contract (one log per role, each a chain of headers in its area):
+//! Contract:
 //! - A stripe's member writes start only after an entry covering it is durable.
 //! - md replays only the newest header of a log, so every header repeats the entries still
 //!   *pending*: in flight, or completed but not yet durable on the members (a member flush
 //!   that starts after a write completed drops its entries). The newest header therefore
 //!   covers every stripe whose members may disagree; no two of its entries cover the same
 //!   rows of a stripe (see `check_room`).
-//! - Replay with a data member missing marks the rows it cannot replay bad (bad_blocks.rs),
-//!   unless the entry's data checksums (raidnbd's, in the header's reserved bytes) show its
-//!   write landed whole. An entry of several data blocks whose checksums did not fit is
-//!   retired instead: once its write is durable (a member flush after it, or its own FUA),
-//!   a new header stops naming it before the FLUSH or FUA write is acknowledged
-//!   (`retire_logs`). Either way acknowledged data on a lost member never reads as an error.
+//! - An entry of several data blocks whose data checksums did not fit in the header is
+//!   retired: once its write is durable (a member flush after it, or its own FUA), a new
+//!   header stops naming it before the FLUSH or FUA write is acknowledged (`retire_logs`),
+//!   so a degraded replay never takes a durable write for one in flight.
 //! - Headers are appended; when the area is full the next one goes to its start, which is
 //!   allowed only while no pending entry was ever logged (a torn header at the start would
 //!   hide the older chain). Entries that wait for room make a member flush happen.
@@ -37,62 +28,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use event_listener::Event;
 use futures::future::join_all;
 
-use super::{Array, Device};
-use crate::SECTOR_BYTES;
+use super::{ParityLogConfig, ParityLogStats};
 use crate::buf::AlignedBuf;
-use crate::error::{ErrorKind, RaidError, Result};
+use crate::engine::Array;
+use crate::error::Result;
 use crate::member::Member;
-use crate::ppl::{DataChecksums, MAX_DATA_CRCS, PPL_HEADER_BYTES, PplEntry, PplHeader, newest_header, ppl_checksum};
-
-/// Where each member's log lives and what its headers carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ParityLogConfig {
-    /// Byte offset of the area on every member (md: superblock + `ppl.offset` sectors).
-    pub area_offset_bytes: u64,
-    pub area_bytes: u64,
-    /// md: CRC-32C of the array UUID.
-    pub signature: u32,
-    /// Data checksums one header carries at most (`ppl::MAX_DATA_CRCS`; fewer only in
-    /// tests: entries without them are retired from the log once durable instead).
-    pub max_data_crcs: usize,
-}
-
-/// What replay at start found and did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ReplayReport {
-    /// Logs with a valid newest header.
-    pub logs: usize,
-    pub entries_replayed: u64,
-    /// Entries whose partial parity does not match its checksum: a log write torn by the
-    /// crash, whose member writes therefore never started.
-    pub entries_torn: u64,
-    /// Entries with rows not replayed because a modified data member is missing (its data
-    /// was in flight: md does the same).
-    pub entries_degraded: u64,
-    /// Of those, entries whose data checksums (raidnbd's, in the header) show the write
-    /// landed whole: the lost block rebuilds as its new data, nothing is marked.
-    pub entries_landed: u64,
-    /// Parity sectors of the other degraded rows marked bad: rows where another block was
-    /// written too, so parity may match neither the old nor the new data and the lost chunk
-    /// cannot be rebuilt there (reads of it fail instead of returning garbage).
-    pub parity_sectors_bad: u64,
-    /// Entries no writer makes (bad span, wrong parity member): the array then resyncs.
-    pub entries_invalid: u64,
-    /// Parity sectors rewritten.
-    pub parity_sectors: u64,
-}
-
-/// Counters for status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ParityLogStats {
-    /// Entries logged (each counted once, however many headers repeated it).
-    pub entries_logged: u64,
-    pub headers_written: u64,
-    /// Member flushes started because a log was full.
-    pub drains: u64,
-    /// Headers written only so that the newest one stops naming durable writes (`retire_logs`).
-    pub retires: u64,
-}
+use crate::ppl::{DataChecksums, MAX_DATA_CRCS, PPL_HEADER_BYTES, PplEntry, PplHeader};
 
 /// Largest partial parity of one entry: longer segments are split (md logs 4 KiB rows).
 pub(crate) const MAX_ENTRY_PP_BYTES: usize = 128 << 10;
@@ -169,11 +110,15 @@ struct ChildLog {
 }
 
 pub(crate) struct ParityLog {
-    config: ParityLogConfig,
+    pub(super) config: ParityLogConfig,
+    /// The array's chunk and data blocks per stripe (its geometry never changes: md allows
+    /// no reshape of an array with a PPL).
+    pub(super) chunk_sectors: u64,
+    pub(super) data_disks: u64,
     logs: Vec<Mutex<ChildLog>>,
     changed: Event,
     flushes_started: AtomicU64,
-    generation: AtomicU64,
+    pub(super) generation: AtomicU64,
     entries_logged: AtomicU64,
     headers_written: AtomicU64,
     drains: AtomicU64,
@@ -181,7 +126,7 @@ pub(crate) struct ParityLog {
 }
 
 impl ParityLog {
-    pub fn new(config: ParityLogConfig, roles: usize) -> Self {
+    pub(super) fn new(config: ParityLogConfig, roles: usize, chunk_sectors: u64, data_disks: u64) -> Self {
         assert!(config.area_bytes >= MIN_PARITY_LOG_AREA_BYTES, "PPL area too small");
         let logs = (0..roles)
             .map(|_| {
@@ -200,6 +145,8 @@ impl ParityLog {
             .collect();
         Self {
             config,
+            chunk_sectors,
+            data_disks,
             logs,
             changed: Event::new(),
             flushes_started: AtomicU64::new(0),
@@ -212,7 +159,7 @@ impl ParityLog {
     }
 
     /// Writes an empty header over `member`'s cleared area (FUA).
-    async fn clear_area<M: Member + ?Sized>(&self, member: &M) -> std::io::Result<()> {
+    pub(super) async fn clear_area<M: Member + ?Sized>(&self, member: &M) -> std::io::Result<()> {
         let generation = self.generation.load(Ordering::Acquire);
         let empty = PplHeader { signature: self.config.signature, generation, entries: Vec::new() }.encode();
         let mut image = AlignedBuf::zeroed(self.config.area_bytes as usize);
@@ -222,6 +169,13 @@ impl ParityLog {
 
     fn lock(&self, role: usize) -> std::sync::MutexGuard<'_, ChildLog> {
         self.logs[role].lock().expect("parity log lock")
+    }
+
+    /// `role`'s area was cleared (an empty header at its start) for the device `device_id`.
+    pub(super) fn cleared(&self, role: usize, device_id: Option<usize>) {
+        let mut child = self.lock(role);
+        child.next_offset = PPL_HEADER_BYTES as u64;
+        child.device_id = device_id;
     }
 
     pub fn stats(&self) -> ParityLogStats {
@@ -385,15 +339,16 @@ impl ChildLog {
     }
 }
 
-impl<M: Member + ?Sized> Array<M> {
+impl ParityLog {
     /// Logs the partial parity of the stripes a write is about to change and waits until it
     /// is durable. The ticket completes the entries once the member writes are done.
-    pub(crate) async fn log_partial_parity(
-        &self,
+    pub(crate) async fn log_partial_parity<'a, M: Member + ?Sized>(
+        &'a self,
+        array: &Array<M>,
         mut requests: Vec<LogRequest>,
         expected: &mut Option<Expected<'_>>,
-    ) -> Result<LogTicket<'_>> {
-        let log = self.parity_log.as_ref().expect("a parity log");
+    ) -> Result<LogTicket<'a>> {
+        let log = self;
         // Entering now: no header waits for this write any more.
         drop(expected.take());
         requests.sort_by_key(|r| r.role); // stable: a role's entries keep the write's order
@@ -405,16 +360,21 @@ impl<M: Member + ?Sized> Array<M> {
             while let Some(r) = requests.next_if(|r| r.role == role) {
                 batch.push(r);
             }
-            let ids = self.enter_log(role, batch).await?;
+            let ids = self.enter_log(array, role, batch).await?;
             ticket.ids.push((role, ids));
         }
-        join_all(ticket.ids.iter().map(|(role, ids)| self.commit_log(*role, ids))).await;
+        join_all(ticket.ids.iter().map(|(role, ids)| self.commit_log(array, *role, ids))).await;
         Ok(ticket)
     }
 
     /// Adds a write's entries to one log, waiting for room.
-    async fn enter_log(&self, role: usize, batch: Vec<LogRequest>) -> Result<Vec<u64>> {
-        let log = self.parity_log.as_ref().expect("a parity log");
+    async fn enter_log<M: Member + ?Sized>(
+        &self,
+        array: &Array<M>,
+        role: usize,
+        batch: Vec<LogRequest>,
+    ) -> Result<Vec<u64>> {
+        let log = self;
         debug_assert!(
             batch.len() <= MAX_WAVE_ENTRIES && batch.iter().map(|r| r.pp.len()).sum::<usize>() <= MAX_WAVE_PP_BYTES,
             "waves are bounded"
@@ -451,7 +411,7 @@ impl<M: Member + ?Sized> Array<M> {
                     log.drains.fetch_add(1, Ordering::Relaxed);
                     // Members only: a retire (`flush`) could wait for entries this write
                     // already put in lower logs.
-                    self.flush_members().await?;
+                    array.flush_members().await?;
                 }
                 (Blocked::Wait, listener) => listener.await,
             }
@@ -461,8 +421,8 @@ impl<M: Member + ?Sized> Array<M> {
     /// Waits until `ids` of `role`'s log are in a durable header, writing one if nobody is.
     /// Waits only for header writes and for the reads of writes that announced themselves
     /// (never for writes that wait: see `check_room`, `Expected`).
-    async fn commit_log(&self, role: usize, ids: &[u64]) {
-        let log = self.parity_log.as_ref().expect("a parity log");
+    async fn commit_log<M: Member + ?Sized>(&self, array: &Array<M>, role: usize, ids: &[u64]) {
+        let log = self;
         let horizon = log.lock(role).next_ticket;
         loop {
             let (listener, unit) = {
@@ -472,20 +432,20 @@ impl<M: Member + ?Sized> Array<M> {
                     return;
                 }
                 let reading = child.expected.first().is_some_and(|&t| t < horizon);
-                let unit = (!child.writing && !reading).then(|| self.prepare_header(role, &mut child));
+                let device_id = array.members.slots[role].device().map(|d| d.id);
+                let unit = (!child.writing && !reading).then(|| self.prepare_header(device_id, &mut child));
                 (log.changed.listen(), unit)
             };
             match unit {
                 None => listener.await,
-                Some(unit) => self.write_header(role, unit).await,
+                Some(unit) => self.write_header(array, role, unit).await,
             }
         }
     }
 
     /// Builds the next header of `role`'s log from every pending entry and reserves its place.
-    fn prepare_header(&self, role: usize, child: &mut ChildLog) -> HeaderWrite {
-        let log = self.parity_log.as_ref().expect("a parity log");
-        let device_id = self.members.slots[role].device().map(|d| d.id);
+    fn prepare_header(&self, device_id: Option<usize>, child: &mut ChildLog) -> HeaderWrite {
+        let log = self;
         let unit_bytes = PPL_HEADER_BYTES + child.pp_bytes;
         // A device new to this role first gets its whole area cleared (no stale chain).
         let fresh = device_id != child.device_id;
@@ -504,8 +464,7 @@ impl<M: Member + ?Sized> Array<M> {
         // The data checksums of the leading entries that fit; entries of several blocks
         // after those must be retired from the log once durable (`retire_logs`).
         let mut data = DataChecksums::default();
-        let pg = self.geometry.parity().expect("raid5 has parity");
-        let (chunk, dd) = (u64::from(pg.chunk_sectors()), pg.data_disks() as u64);
+        let (chunk, dd) = (self.chunk_sectors, self.data_disks);
         for e in &child.entries {
             let replayed = e.entry.span(chunk, dd).map_or(0, |s| s.modified_disks(chunk) as usize);
             let agrees = e.data_crcs.is_empty() || e.data_crcs.len() == replayed;
@@ -543,13 +502,13 @@ impl<M: Member + ?Sized> Array<M> {
     /// members so completed entries go and the header can wrap, or waits for the writes in
     /// flight (they wait only for header writes, member I/O and member flushes, never for a
     /// retire, so this wait ends).
-    pub(crate) async fn retire_logs(&self, roles: &[usize]) -> Result<()> {
-        let results = join_all(roles.iter().map(|&role| self.retire_log(role))).await;
+    pub(crate) async fn retire_logs<M: Member + ?Sized>(&self, array: &Array<M>, roles: &[usize]) -> Result<()> {
+        let results = join_all(roles.iter().map(|&role| self.retire_log(array, role))).await;
         results.into_iter().collect()
     }
 
-    async fn retire_log(&self, role: usize) -> Result<()> {
-        let Some(log) = self.parity_log.as_ref() else { return Ok(()) };
+    async fn retire_log<M: Member + ?Sized>(&self, array: &Array<M>, role: usize) -> Result<()> {
+        let log = self;
         enum Next {
             Write(HeaderWrite),
             Flush,
@@ -561,11 +520,14 @@ impl<M: Member + ?Sized> Array<M> {
                 // A header being written may be the one that stops naming them: wait for it.
                 let next = if child.writing {
                     Next::Wait
-                } else if !child.names_retired() || !self.members.slots[role].is_writable() {
+                } else if !child.names_retired() || !array.members.slots[role].is_writable() {
                     return Ok(());
                 } else {
                     match child.check_room(log.config.area_bytes, &[]) {
-                        Ok(()) => Next::Write(self.prepare_header(role, &mut child)),
+                        Ok(()) => {
+                            let device_id = array.members.slots[role].device().map(|d| d.id);
+                            Next::Write(self.prepare_header(device_id, &mut child))
+                        }
                         Err(Blocked::NeedsFlush) => Next::Flush,
                         Err(Blocked::Wait) => Next::Wait,
                     }
@@ -575,9 +537,9 @@ impl<M: Member + ?Sized> Array<M> {
             match next {
                 Next::Write(unit) => {
                     log.retires.fetch_add(1, Ordering::Relaxed);
-                    self.write_header(role, unit).await
+                    self.write_header(array, role, unit).await
                 }
-                Next::Flush => self.flush_members().await?,
+                Next::Flush => array.flush_members().await?,
                 Next::Wait => listener.await,
             }
         }
@@ -585,9 +547,9 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Writes a prepared header (FUA) and marks its entries logged. A failed write fails the
     /// member; its entries need no protection then (the parity they protect is gone).
-    async fn write_header(&self, role: usize, unit: HeaderWrite) {
-        let log = self.parity_log.as_ref().expect("a parity log");
-        let slot = &self.members.slots[role];
+    async fn write_header<M: Member + ?Sized>(&self, array: &Array<M>, role: usize, unit: HeaderWrite) {
+        let log = self;
+        let slot = &array.members.slots[role];
         let result = match slot.device() {
             Some(d) if slot.is_writable() => {
                 d.member.write_at(log.config.area_offset_bytes + unit.offset, unit.image, true).await.0
@@ -595,7 +557,7 @@ impl<M: Member + ?Sized> Array<M> {
             _ => Ok(()),
         };
         if let Err(e) = &result {
-            self.member_failed(role, e, "parity log write").await;
+            array.member_failed(role, e, "parity log write").await;
         }
         log.headers_written.fetch_add(1, Ordering::Relaxed);
         let mut child = log.lock(role);
@@ -608,280 +570,6 @@ impl<M: Member + ?Sized> Array<M> {
         child.writing = false;
         drop(child);
         log.changed.notify(usize::MAX);
-    }
-
-    /// Before `device` takes a role: clears its log area, which may still hold the headers
-    /// of an earlier life in this array (a member failed and added back). Replayed after a
-    /// crash that came before its first new header, they would rewrite parity from partial
-    /// parity of data changed since. md clears it too (`ppl_modify_log`).
-    pub(super) async fn clear_parity_log_of(&self, device: &Device<M>) -> Result<()> {
-        let Some(log) = &self.parity_log else { return Ok(()) };
-        let member = &device.member;
-        log.clear_area(&**member)
-            .await
-            .map_err(|e| RaidError::io(format!("{}: cannot clear the parity log area", member.name()), e))
-    }
-
-    /// Parity log counters (`None` without a log).
-    pub fn parity_log_stats(&self) -> Option<ParityLogStats> {
-        self.parity_log.as_ref().map(ParityLog::stats)
-    }
-
-    /// Enables the partial parity log (raid5). Call [`Array::start_parity_log`] before writes.
-    pub fn with_parity_log(mut self, config: ParityLogConfig) -> Result<Self> {
-        if self.geometry.level() != crate::geometry::Level::Raid5 {
-            return Err(RaidError::new(
-                ErrorKind::CannotAssemble,
-                format!("a partial parity log is for raid5 (as md's PPL), not {}", self.geometry.level()),
-            ));
-        }
-        let pg = self.geometry.parity().expect("raid5 has parity");
-        let stripe_data_bytes = pg.stripe_data_sectors() * SECTOR_BYTES;
-        if self.members.slots.len() > 64 || stripe_data_bytes > u64::from(u32::MAX) {
-            return Err(RaidError::new(
-                ErrorKind::CannotAssemble,
-                format!(
-                    "a partial parity log takes at most 64 members and stripes under 4 GiB (md's limits); this \
-                     array has {} members and {stripe_data_bytes}-byte stripes",
-                    self.members.slots.len()
-                ),
-            ));
-        }
-        self.parity_log = Some(ParityLog::new(config, self.members.slots.len()));
-        Ok(self)
-    }
-
-    /// At start: after an unclean stop, replays every member's newest header (parity of each
-    /// logged stripe := partial parity XOR its modified data); then clears every log area and
-    /// writes an empty header, as md does. When the replay covered everything the array is
-    /// in sync: no resync follows.
-    pub async fn start_parity_log(&self, unclean: bool) -> Result<ReplayReport> {
-        let Some(log) = &self.parity_log else { return Ok(ReplayReport::default()) };
-        let mut report = ReplayReport::default();
-        let roles: Vec<usize> =
-            (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
-        let mut max_generation = 0;
-        for &role in &roles {
-            let member = self.members.slots[role].member();
-            let (res, area) =
-                member.read_at(log.config.area_offset_bytes, AlignedBuf::zeroed(log.config.area_bytes as usize)).await;
-            res.map_err(|e| RaidError::io(format!("{}: cannot read the parity log", member.name()), e))?;
-            let Some((at, header)) = newest_header(area.as_slice(), log.config.signature) else {
-                tracing::warn!(role, member = member.name(), "no valid parity log header");
-                continue;
-            };
-            report.logs += 1;
-            max_generation = max_generation.max(header.generation);
-            if unclean {
-                let data = PplHeader::data_checksums(&area.as_slice()[at..]);
-                let pp_area = &area.as_slice()[at + PPL_HEADER_BYTES..];
-                self.replay_header(role, &header, &data, pp_area, &mut report).await?;
-            }
-        }
-        if unclean {
-            self.flush().await?;
-        }
-        log.generation.fetch_max(max_generation, Ordering::AcqRel);
-        // Empty headers over cleared areas (a stale chain must not follow a new header).
-        let results = join_all(roles.iter().map(|&role| {
-            let member = self.members.slots[role].member();
-            async move { (role, log.clear_area(&*member).await) }
-        }))
-        .await;
-        for (role, res) in results {
-            match res {
-                Ok(()) => {
-                    let mut child = log.lock(role);
-                    child.next_offset = PPL_HEADER_BYTES as u64;
-                    child.device_id = self.members.slots[role].device().map(|d| d.id);
-                }
-                Err(e) => self.member_failed(role, &e, "parity log reset").await,
-            }
-        }
-        self.check_survives("parity log start")?;
-        if unclean && report.entries_invalid == 0 && report.logs == roles.len() {
-            self.mark_resynced();
-        }
-        Ok(report)
-    }
-
-    /// Replays one header's entries on the parity member `role`, in order.
-    async fn replay_header(
-        &self,
-        role: usize,
-        header: &PplHeader,
-        data: &DataChecksums,
-        pp_area: &[u8],
-        report: &mut ReplayReport,
-    ) -> Result<()> {
-        let pg = self.geometry.parity().expect("raid5 has parity");
-        let chunk = u64::from(pg.chunk_sectors());
-        let dd = pg.data_disks() as u64;
-        let mut pp_at = 0usize;
-        // Where the next entry's data checksums start; None once an entry's count is unknown.
-        let mut crc_at = Some(0usize);
-        for (i, e) in header.entries.iter().enumerate() {
-            let pp_len = e.pp_size as usize;
-            let pp = pp_area.get(pp_at..pp_at + pp_len);
-            pp_at += pp_len;
-            let span = e.span(chunk, dd).filter(|s| s.end_sector <= self.geometry.array_sectors());
-            let mut crcs: Option<&[u32]> = None;
-            if i < data.entries {
-                crc_at = crc_at.zip(span).map(|(at, span)| {
-                    let blocks = span.modified_disks(chunk);
-                    let n = if crate::ppl::carries_data_crcs(blocks) { blocks as usize } else { 0 };
-                    crcs = data.crcs.get(at..at + n).filter(|c| !c.is_empty());
-                    at + n
-                });
-            }
-            let (Some(pp), Some(span)) = (pp, span) else {
-                report.entries_invalid += 1;
-                continue;
-            };
-            if e.parity_disk as usize != role {
-                report.entries_invalid += 1;
-                continue;
-            }
-            if ppl_checksum(pp) != e.checksum {
-                report.entries_torn += 1;
-                continue;
-            }
-            let mut parity = vec![0u8; (span.rows * SECTOR_BYTES) as usize];
-            let mut row_ok = vec![true; span.rows as usize];
-            // Data blocks the entry's write modified, per row.
-            let mut modified = vec![0u32; span.rows as usize];
-            // Per modified block: the CRC-32C of its rows now, if it is here whole.
-            let mut block_crcs: Vec<Option<u32>> = Vec::with_capacity(span.data_disks as usize);
-            for disk in 0..span.data_disks {
-                let start = span.first_sector + disk * chunk;
-                let rows = span.rows.min(span.end_sector.saturating_sub(start));
-                if rows == 0 {
-                    continue;
-                }
-                modified[..rows as usize].iter_mut().for_each(|m| *m += 1);
-                let mut crc = (rows == span.rows).then_some(0u32);
-                let mut row = 0;
-                while row < rows {
-                    let mapped = self.geometry.map(start + row);
-                    let n = mapped.len_sectors.min(rows - row);
-                    let copy = mapped.copies[0];
-                    if !self.members.slots[copy.role].is_readable(copy.member_sector, n) {
-                        row_ok[row as usize..(row + n) as usize].fill(false);
-                        crc = None;
-                    } else {
-                        let buf = self.read_member(copy.role, copy.member_sector, n).await.map_err(|err| {
-                            RaidError::io(format!("parity log replay: cannot read role {}", copy.role), err)
-                        })?;
-                        let at = (row * SECTOR_BYTES) as usize;
-                        crate::parity::xor_into(&mut parity[at..at + buf.len()], buf.as_slice());
-                        crc = crc.map(|c| crc32c::crc32c_append(c, buf.as_slice()));
-                    }
-                    row += n;
-                }
-                block_crcs.push(crc);
-            }
-            if !pp.is_empty() {
-                let n = parity.len().min(pp.len());
-                crate::parity::xor_into(&mut parity[..n], &pp[..n]);
-            }
-            let degraded = row_ok.iter().any(|ok| !ok);
-            if degraded {
-                report.entries_degraded += 1;
-            }
-            // A write whose data checksums show it landed whole (its other blocks hold their
-            // new data, and parity rebuilds the lost one as its new data): nothing to mark.
-            let landed = match crcs {
-                Some(crcs) if degraded => self.landed_whole(role, &span, crcs, &block_crcs, &parity).await?,
-                _ => false,
-            };
-            if landed {
-                report.entries_landed += 1;
-            }
-            // Rows that cannot be replayed: parity may be a mix of the old and new data of
-            // several blocks. Marked bad, so the lost chunk reads as an error there.
-            let mut row = 0u64;
-            while row < span.rows && !landed {
-                let unknown = |row: u64| !row_ok[row as usize] && modified[row as usize] >= 2;
-                if !unknown(row) {
-                    row += 1;
-                    continue;
-                }
-                let (stripe, _, r) = pg.locate(span.first_sector + row);
-                let mut n = 1;
-                while row + n < span.rows && unknown(row + n) && pg.locate(span.first_sector + row + n).0 == stripe {
-                    n += 1;
-                }
-                if pg.stripe(stripe).p_role == role {
-                    self.mark_bad(role, pg.stripe_member_sector(stripe) + u64::from(r), n).await?;
-                    report.parity_sectors_bad += n;
-                }
-                row += n;
-            }
-            // Parity of each row, in runs of rows that are replayable and contiguous on the member.
-            let mut row = 0u64;
-            while row < span.rows {
-                if !row_ok[row as usize] {
-                    row += 1;
-                    continue;
-                }
-                let (stripe, _, r) = pg.locate(span.first_sector + row);
-                let layout = pg.stripe(stripe);
-                let member_sector = pg.stripe_member_sector(stripe) + u64::from(r);
-                let mut n = 1;
-                while row + n < span.rows
-                    && row_ok[(row + n) as usize]
-                    && pg.locate(span.first_sector + row + n).0 == stripe
-                {
-                    n += 1;
-                }
-                if layout.p_role != role {
-                    report.entries_invalid += 1;
-                    break;
-                }
-                let at = (row * SECTOR_BYTES) as usize;
-                let buf = AlignedBuf::from_slice(&parity[at..at + (n * SECTOR_BYTES) as usize]);
-                self.write_member(role, member_sector, buf, false)
-                    .await
-                    .map_err(|err| RaidError::io("parity log replay: cannot write parity", err))?;
-                report.parity_sectors += n;
-                row += n;
-            }
-            report.entries_replayed += 1;
-        }
-        Ok(())
-    }
-}
-
-impl<M: Member + ?Sized> Array<M> {
-    /// Whether a degraded entry's write landed whole: every modified block that is here holds
-    /// the new data its checksum names, and the one missing block, rebuilt from the parity on
-    /// `role` and `partial` (the XOR of the partial parity and the blocks that are here), does
-    /// too. One block must be missing (raid5).
-    async fn landed_whole(
-        &self,
-        role: usize,
-        span: &crate::ppl::EntrySpan,
-        crcs: &[u32],
-        block_crcs: &[Option<u32>],
-        partial: &[u8],
-    ) -> Result<bool> {
-        let missing: Vec<usize> = (0..block_crcs.len()).filter(|&d| block_crcs[d].is_none()).collect();
-        let [lost] = missing[..] else { return Ok(false) };
-        if crcs.len() != block_crcs.len() || (0..crcs.len()).any(|d| d != lost && block_crcs[d] != Some(crcs[d])) {
-            return Ok(false);
-        }
-        let pg = self.geometry.parity().expect("raid5 has parity");
-        let (stripe, _, r) = pg.locate(span.first_sector);
-        if pg.stripe(stripe).p_role != role || u64::from(r) + span.rows > u64::from(pg.chunk_sectors()) {
-            return Ok(false);
-        }
-        let at = pg.stripe_member_sector(stripe) + u64::from(r);
-        let mut rebuilt = self
-            .read_member(role, at, span.rows)
-            .await
-            .map_err(|err| RaidError::io("parity log replay: cannot read parity", err))?;
-        crate::parity::xor_into(rebuilt.as_mut_slice(), partial);
-        Ok(ppl_checksum(rebuilt.as_slice()) == crcs[lost])
     }
 }
 

@@ -1,0 +1,499 @@
+//! The array's shape: which geometry each array sector lies in, as a value with a version,
+//! and how a request finds its geometry while that changes.
+//!
+//! A [`Layout`] is one geometry placed on the devices: its member sectors start
+//! `shift_sectors` after each device's data origin (a reshape writes the new layout into
+//! headroom before or after the old one, md's `new_offset`). A [`Shape`] is the array's
+//! layouts at one version: one layout when settled; during a reshape, the layout being
+//! reshaped to and the previous one, with the *front* between them.
+//!
+//! Routing ([`ShapeCell::enter`]): a request enters with the current shape and gets the
+//! layout of each part of its range: sectors on the reshaped side of the front are in the
+//! new layout, the others in the previous one. A request that straddles the front is split
+//! at it; one that touches the *window* (the sectors a reshape step is moving now) waits
+//! until the window has moved. The front and the window are aligned to the stripes of both
+//! layouts (asserted), so a stripe of either layout is never split by them.
+//!
+//! Versions: every change installs a new `Shape` with a higher version ([`ShapeCell::install`]):
+//! a reshape beginning, the front moving, a reshape ending, a takeover (a level change that
+//! moves no data). A request keeps the shape it entered with until it completes; a change
+//! that moves data first waits until no request holds an older version
+//! ([`ShapeCell::drain_before`]), and a window closes only when no request in flight
+//! touches it ([`ShapeCell::close_window`]).
+//!
+//! Invariants (asserted): versions only grow; the front only moves in the reshape's direction,
+//! never past the window; a settled layout has no shift (a finished reshape moves the data
+//! origin of every device instead); the export never grows while a reshape runs.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use event_listener::Event;
+
+use crate::geometry::{Geometry, Mapped, ParityGeometry};
+
+/// One geometry placed on the devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    geometry: Geometry,
+    /// Where its member sectors start, after each device's data origin.
+    shift_sectors: u64,
+}
+
+impl Layout {
+    pub fn new(geometry: Geometry, shift_sectors: u64) -> Self {
+        Self { geometry, shift_sectors }
+    }
+
+    /// A layout at the devices' data origin (every settled array).
+    pub fn settled(geometry: Geometry) -> Self {
+        Self::new(geometry, 0)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn shift_sectors(&self) -> u64 {
+        self.shift_sectors
+    }
+
+    /// Where `array_sector` lives, in member sectors from the devices' data origin.
+    pub(crate) fn map(&self, array_sector: u64) -> Mapped {
+        let mut mapped = self.geometry.map(array_sector);
+        if self.shift_sectors != 0 {
+            for c in &mut mapped.copies {
+                c.member_sector += self.shift_sectors;
+            }
+        }
+        mapped
+    }
+
+    /// The stripe geometry (raid4/5/6).
+    pub(crate) fn parity(&self) -> Option<&ParityGeometry> {
+        self.geometry.parity()
+    }
+
+    /// First member sector (from the data origin) of `stripe` of a parity layout.
+    pub(crate) fn stripe_member_sector(&self, stripe: u64) -> u64 {
+        self.parity().expect("a parity layout").stripe_member_sector(stripe) + self.shift_sectors
+    }
+
+    /// Sectors of one stripe's data (raid4/5/6), or of one chunk row (other levels with chunks):
+    /// the unit a front must be aligned to.
+    fn alignment_sectors(&self) -> u64 {
+        match self.parity() {
+            Some(pg) => pg.stripe_data_sectors(),
+            None => u64::from(self.geometry.chunk_sectors()).max(1),
+        }
+    }
+}
+
+/// Which way a reshape walks the array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// From sector 0 up: sectors below the front are in the new layout (md's default, growing).
+    Forward,
+    /// From the end down: sectors at or above the front are in the new layout (md's
+    /// `reshape_backwards`, shrinking).
+    Backward,
+}
+
+/// A reshape in progress: the previous layout and where the new one ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reshape {
+    pub previous: Arc<Layout>,
+    /// Array sectors: md's `reshape_position`.
+    pub front_sectors: u64,
+    pub direction: Direction,
+}
+
+impl Reshape {
+    /// Whether `sector` is on the reshaped side of the front.
+    fn is_new(&self, sector: u64) -> bool {
+        match self.direction {
+            Direction::Forward => sector < self.front_sectors,
+            Direction::Backward => sector >= self.front_sectors,
+        }
+    }
+}
+
+/// The array's layouts at one version.
+#[derive(Debug)]
+pub struct Shape {
+    version: u64,
+    layout: Arc<Layout>,
+    reshape: Option<Reshape>,
+    /// Requests in flight that entered with this shape.
+    in_flight: AtomicUsize,
+    released: Event,
+}
+
+impl Shape {
+    pub fn settled(layout: Layout) -> Self {
+        Self::new(0, Arc::new(layout), None)
+    }
+
+    fn new(version: u64, layout: Arc<Layout>, reshape: Option<Reshape>) -> Self {
+        if reshape.is_none() {
+            assert_eq!(layout.shift_sectors, 0, "a settled layout lies at the data origin");
+        }
+        if let Some(r) = &reshape {
+            let align = layout.alignment_sectors().max(r.previous.alignment_sectors());
+            let end = layout.geometry.array_sectors().min(r.previous.geometry.array_sectors());
+            assert!(
+                r.front_sectors.is_multiple_of(align) || r.front_sectors == end,
+                "reshape front {} not aligned to both layouts' stripes ({align} sectors)",
+                r.front_sectors
+            );
+        }
+        Self { version, layout, reshape, in_flight: AtomicUsize::new(0), released: Event::new() }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The layout the array is in, or is being reshaped to.
+    pub fn layout(&self) -> &Arc<Layout> {
+        &self.layout
+    }
+
+    pub fn reshape(&self) -> Option<&Reshape> {
+        self.reshape.as_ref()
+    }
+
+    /// Sectors clients see: during a reshape the smaller of the two layouts (a grow shows
+    /// its new size when it ends, a shrink its smaller size before it starts, as md).
+    pub fn export_sectors(&self) -> u64 {
+        let new = self.layout.geometry.array_sectors();
+        match &self.reshape {
+            Some(r) => new.min(r.previous.geometry.array_sectors()),
+            None => new,
+        }
+    }
+
+    /// Whether every byte is still there with `missing` roles gone (in both layouts).
+    pub fn survives(&self, missing: &[usize]) -> bool {
+        self.layout.geometry.survives(missing)
+            && self.reshape.as_ref().is_none_or(|r| r.previous.geometry.survives(missing))
+    }
+
+    /// Failures the array survives at most (the smaller of the two layouts' redundancy).
+    pub fn max_failures(&self) -> usize {
+        let new = self.layout.geometry.max_failures();
+        self.reshape.as_ref().map_or(new, |r| new.min(r.previous.geometry.max_failures()))
+    }
+
+    /// The layout of each part of `[start, start + sectors)`: one part, or two split at the front.
+    fn parts(&self, start: u64, sectors: u64) -> Parts {
+        let Some(r) = &self.reshape else {
+            return Parts::One(Part { layout: self.layout.clone(), start, sectors });
+        };
+        let end = start + sectors;
+        let side = |s: u64| if r.is_new(s) { self.layout.clone() } else { r.previous.clone() };
+        if start < r.front_sectors && r.front_sectors < end {
+            let first = r.front_sectors - start;
+            return Parts::Two(
+                Part { layout: side(start), start, sectors: first },
+                Part { layout: side(r.front_sectors), start: r.front_sectors, sectors: sectors - first },
+            );
+        }
+        Parts::One(Part { layout: side(start), start, sectors })
+    }
+}
+
+/// A run of array sectors in one layout.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    pub layout: Arc<Layout>,
+    pub start: u64,
+    pub sectors: u64,
+}
+
+/// A request's range, by layout.
+#[derive(Debug, Clone)]
+pub(crate) enum Parts {
+    One(Part),
+    Two(Part, Part),
+}
+
+impl Parts {
+    pub fn iter(&self) -> impl Iterator<Item = &Part> {
+        let (a, b) = match self {
+            Parts::One(a) => (a, None),
+            Parts::Two(a, b) => (a, Some(b)),
+        };
+        std::iter::once(a).chain(b)
+    }
+}
+
+/// Where requests in flight are, while a reshape runs.
+#[derive(Debug, Default)]
+struct Gate {
+    /// The sectors a reshape step moves now: no request may touch them.
+    window: Option<Range<u64>>,
+    /// Ranges of requests in flight: (start, ticket) -> end.
+    in_flight: BTreeMap<(u64, u64), u64>,
+    next_ticket: u64,
+}
+
+impl Gate {
+    fn touches(&self, range: &Range<u64>) -> bool {
+        self.in_flight.iter().any(|(&(start, _), &end)| start < range.end && range.start < end)
+    }
+}
+
+/// The array's current shape and the requests in flight on it.
+pub(crate) struct ShapeCell {
+    current: RwLock<Arc<Shape>>,
+    gate: Mutex<Gate>,
+    /// The window moved, or a request left the gate.
+    gate_changed: Event,
+    /// Highest version installed (asserts that versions only grow).
+    last_version: AtomicU64,
+}
+
+/// A request in flight: its parts, and its place in the shape it entered with. Dropping it
+/// ends the request.
+pub(crate) struct Entered<'a> {
+    cell: &'a ShapeCell,
+    shape: Arc<Shape>,
+    pub parts: Parts,
+    ticket: Option<(u64, u64)>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.ticket {
+            self.cell.gate.lock().expect("shape gate").in_flight.remove(&key);
+            self.cell.gate_changed.notify(usize::MAX);
+        }
+        if self.shape.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shape.released.notify(usize::MAX);
+        }
+    }
+}
+
+impl ShapeCell {
+    pub fn new(shape: Shape) -> Self {
+        let version = shape.version;
+        Self {
+            current: RwLock::new(Arc::new(shape)),
+            gate: Mutex::new(Gate::default()),
+            gate_changed: Event::new(),
+            last_version: AtomicU64::new(version),
+        }
+    }
+
+    pub fn load(&self) -> Arc<Shape> {
+        self.current.read().expect("shape lock").clone()
+    }
+
+    /// Enters a request on `[start, start + sectors)` (inside the export): waits while it
+    /// touches a moving window, then returns its parts by layout.
+    pub async fn enter(&self, start: u64, sectors: u64) -> Entered<'_> {
+        loop {
+            let shape = self.load();
+            shape.in_flight.fetch_add(1, Ordering::AcqRel);
+            let parts = shape.parts(start, sectors);
+            let mut entered = Entered { cell: self, shape, parts, ticket: None };
+            if entered.shape.reshape.is_none() {
+                return entered;
+            }
+            let listener = {
+                let mut gate = self.gate.lock().expect("shape gate");
+                let range = start..start + sectors;
+                let blocked = gate.window.as_ref().is_some_and(|w| w.start < range.end && range.start < w.end);
+                if !blocked && Arc::ptr_eq(&entered.shape, &self.load()) {
+                    let ticket = gate.next_ticket;
+                    gate.next_ticket += 1;
+                    gate.in_flight.insert((start, ticket), range.end);
+                    entered.ticket = Some((start, ticket));
+                    return entered;
+                }
+                self.gate_changed.listen()
+            };
+            drop(entered);
+            listener.await;
+        }
+    }
+
+    /// Installs `next` (a higher version) and returns the shape it replaces.
+    pub fn install(&self, next: Shape) -> Arc<Shape> {
+        let before = self.last_version.fetch_max(next.version, Ordering::AcqRel);
+        assert!(next.version > before, "shape version {} after {before}: versions only grow", next.version);
+        if let (Some(old), Some(new)) = (self.load().reshape.clone(), next.reshape.as_ref())
+            && Arc::ptr_eq(&old.previous, &new.previous)
+        {
+            let forward = new.front_sectors >= old.front_sectors;
+            assert!(
+                (new.direction == Direction::Forward) == forward || new.front_sectors == old.front_sectors,
+                "the reshape front moved back from {} to {}",
+                old.front_sectors,
+                new.front_sectors
+            );
+        }
+        let old = std::mem::replace(&mut *self.current.write().expect("shape lock"), Arc::new(next));
+        self.gate_changed.notify(usize::MAX);
+        old
+    }
+
+    /// A new version of the current shape: the same layouts, `reshape` as given.
+    pub fn next_shape(&self, layout: Arc<Layout>, reshape: Option<Reshape>) -> Shape {
+        Shape::new(self.last_version.load(Ordering::Acquire) + 1, layout, reshape)
+    }
+
+    /// Waits until no request that entered with `old` (or an older shape) is in flight.
+    pub async fn drain_before(&self, old: &Arc<Shape>) {
+        loop {
+            let listener = old.released.listen();
+            if old.in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            listener.await;
+        }
+    }
+
+    /// Closes `window` (next to the front, on the side not yet reshaped): new requests that
+    /// touch it wait, and this returns once none in flight does.
+    pub async fn close_window(&self, window: Range<u64>) {
+        {
+            let shape = self.load();
+            let r = shape.reshape.as_ref().expect("a window during a reshape");
+            let at_front = match r.direction {
+                Direction::Forward => window.start == r.front_sectors,
+                Direction::Backward => window.end == r.front_sectors,
+            };
+            assert!(at_front && window.start < window.end, "window {window:?} is not at the front {}", r.front_sectors);
+            let mut gate = self.gate.lock().expect("shape gate");
+            assert!(gate.window.is_none(), "one window at a time");
+            gate.window = Some(window.clone());
+        }
+        loop {
+            let listener = self.gate_changed.listen();
+            if !self.gate.lock().expect("shape gate").touches(&window) {
+                return;
+            }
+            listener.await;
+        }
+    }
+
+    /// Opens the window again (after the front moved over it, or the step gave up).
+    pub fn open_window(&self) {
+        self.gate.lock().expect("shape gate").window = None;
+        self.gate_changed.notify(usize::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll};
+
+    use futures::executor::block_on;
+
+    use super::*;
+    use crate::geometry::Level;
+
+    fn raid5(disks: usize) -> Geometry {
+        Geometry::new(Level::Raid5, 2, 128, &vec![128 * 64; disks]).unwrap()
+    }
+
+    fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+        f.poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    fn reshaping(front: u64) -> ShapeCell {
+        let cell = ShapeCell::new(Shape::settled(Layout::settled(raid5(4))));
+        let previous = cell.load().layout().clone();
+        let next = cell.next_shape(
+            Arc::new(Layout::new(raid5(5), 1 << 20)),
+            Some(Reshape { previous, front_sectors: front, direction: Direction::Forward }),
+        );
+        cell.install(next);
+        cell
+    }
+
+    #[test]
+    fn requests_are_routed_by_the_front_and_split_at_it() {
+        // Stripes: 3 x 128 sectors before, 4 x 128 after: the front is a multiple of 1536.
+        let cell = reshaping(1536);
+        let shape = cell.load();
+        assert_eq!(shape.export_sectors(), raid5(4).array_sectors());
+        let e = block_on(cell.enter(0, 8));
+        let Parts::One(p) = &e.parts else { panic!("one part") };
+        assert_eq!(p.layout.geometry().raid_disks(), 5, "below the front: the new layout");
+        let e2 = block_on(cell.enter(1536, 8));
+        let Parts::One(p) = &e2.parts else { panic!("one part") };
+        assert_eq!(p.layout.geometry().raid_disks(), 4, "at the front: the previous layout");
+        let e3 = block_on(cell.enter(1530, 10));
+        let Parts::Two(a, b) = &e3.parts else { panic!("split at the front") };
+        assert_eq!((a.start, a.sectors, a.layout.geometry().raid_disks()), (1530, 6, 5));
+        assert_eq!((b.start, b.sectors, b.layout.geometry().raid_disks()), (1536, 4, 4));
+    }
+
+    #[test]
+    fn a_request_on_the_moving_window_waits_and_the_window_waits_for_requests() {
+        let cell = reshaping(1536);
+        let holder = block_on(cell.enter(1600, 8));
+        let mut close = pin!(cell.close_window(1536..3072));
+        assert!(poll_once(close.as_mut()).is_pending(), "a request in flight on the window holds it");
+        let mut blocked = pin!(cell.enter(2000, 8));
+        assert!(poll_once(blocked.as_mut()).is_pending(), "new requests on the window wait");
+        let elsewhere = block_on(cell.enter(4000, 8));
+        drop(elsewhere);
+        drop(holder);
+        assert!(poll_once(close.as_mut()).is_ready());
+        assert!(poll_once(blocked.as_mut()).is_pending());
+        let previous = cell.load().reshape().unwrap().previous.clone();
+        let layout = cell.load().layout().clone();
+        cell.install(
+            cell.next_shape(layout, Some(Reshape { previous, front_sectors: 3072, direction: Direction::Forward })),
+        );
+        cell.open_window();
+        let Poll::Ready(e) = poll_once(blocked.as_mut()) else { panic!("the window opened") };
+        let Parts::One(p) = &e.parts else { panic!("one part") };
+        assert_eq!(p.layout.geometry().raid_disks(), 5, "moved: now in the new layout");
+    }
+
+    #[test]
+    fn a_change_waits_for_requests_of_the_shape_before() {
+        let cell = ShapeCell::new(Shape::settled(Layout::settled(raid5(4))));
+        let e = block_on(cell.enter(0, 8));
+        let layout = cell.load().layout().clone();
+        let old = cell.install(cell.next_shape(layout, None));
+        let mut drain = pin!(cell.drain_before(&old));
+        assert!(poll_once(drain.as_mut()).is_pending());
+        drop(e);
+        assert!(poll_once(drain.as_mut()).is_ready());
+    }
+
+    #[test]
+    #[should_panic(expected = "moved back")]
+    fn the_front_never_moves_back() {
+        let cell = reshaping(3072);
+        let previous = cell.load().reshape().unwrap().previous.clone();
+        let layout = cell.load().layout().clone();
+        cell.install(
+            cell.next_shape(layout, Some(Reshape { previous, front_sectors: 1536, direction: Direction::Forward })),
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "not aligned")]
+    fn a_front_inside_a_stripe_is_refused() {
+        reshaping(1000);
+    }
+
+    #[test]
+    #[should_panic(expected = "versions only grow")]
+    fn versions_only_grow() {
+        let cell = ShapeCell::new(Shape::settled(Layout::settled(raid5(4))));
+        let layout = cell.load().layout().clone();
+        cell.install(Shape::new(0, layout, None));
+    }
+}
