@@ -105,7 +105,7 @@ pub async fn track(array: &Array<dyn Member>, dir: &Path, uuid: &str, events: u6
         }
     };
     let store = store.map(|s| Arc::new(s) as Arc<dyn AwayStore>);
-    let start = array.track_away(store, stored.as_deref(), events, clean).await;
+    let start = array.admin().track_away(store, stored.as_deref(), events, clean).await;
     match &start {
         AwayStart::Off | AwayStart::Idle => tracing::debug!("away record: {start}"),
         AwayStart::Untracked(_) => tracing::warn!("away record: {start}"),

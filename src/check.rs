@@ -23,7 +23,7 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
         MemberOpenOptions { io: MemberIoArgs::default(), read_only: !args.repair, ..MemberOpenOptions::default() };
     let opened = open_array(&args.members, &options, false, true).await?;
     let array = opened.array;
-    let units = array.scrub_units();
+    let units = array.maintenance().scrub_units();
     let size = array.size_bytes();
     let name = opened.assembly.metadata.name();
     let tty = std::io::stderr().is_terminal() && !args.json;
@@ -45,7 +45,7 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
     let mut unit = 0;
     while unit < units {
         let step = UNITS_PER_STEP.min(units - unit);
-        total += array.scrub(unit, step, args.repair).await.map_err(|e| anyhow!("{e}"))?;
+        total += array.maintenance().scrub(unit, step, args.repair).await.map_err(|e| anyhow!("{e}"))?;
         unit += step;
         if let Some(bar) = &bar {
             bar.set_position(total.scrubbed_bytes);

@@ -152,14 +152,14 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
     let array = &export.array;
     let err = |e: raid_core::RaidError| anyhow!("{e}");
     match command {
-        "fail" => array.fail_member(str_field(request, "member")?).await.map_err(err)?,
-        "remove" => array.remove_device(str_field(request, "member")?).await.map_err(err)?,
+        "fail" => array.admin().fail_member(str_field(request, "member")?).await.map_err(err)?,
+        "remove" => array.admin().remove_device(str_field(request, "member")?).await.map_err(err)?,
         "add" => {
             let member = open_for_array(export, str_field(request, "path")?).await?;
             match returning_role(array, member.as_ref()).await {
-                Ok(role) => array.re_add(role, member).await.map_err(err)?,
+                Ok(role) => array.admin().re_add(role, member).await.map_err(err)?,
                 Err(_) => {
-                    array.add_spare(member).await.map_err(err)?;
+                    array.admin().add_spare(member).await.map_err(err)?;
                 }
             }
         }
@@ -169,22 +169,23 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
             let role = returning_role(array, member.as_ref())
                 .await
                 .map_err(|why| anyhow!("{path} cannot be re-added: {why}"))?;
-            array.re_add(role, member).await.map_err(err)?;
+            array.admin().re_add(role, member).await.map_err(err)?;
         }
         "replace" => {
             let old = str_field(request, "member")?;
             let role = array
+                .admin()
                 .role_status()
                 .iter()
                 .find(|s| s.name.as_deref() == Some(old))
                 .map(|s| s.role)
                 .ok_or_else(|| anyhow!("{old} is not an active member"))?;
             let member = open_for_array(export, str_field(request, "path")?).await?;
-            array.replace(role, member).await.map_err(err)?;
+            array.admin().replace(role, member).await.map_err(err)?;
         }
-        "check" | "repair" => array.start_scrub(command == "repair").map_err(err)?,
+        "check" | "repair" => array.maintenance().start_scrub(command == "repair").map_err(err)?,
         "idle" => {
-            array.stop_scrub();
+            array.maintenance().stop_scrub();
         }
         "rebuild-speed" => {
             let min = request["min"].as_u64().ok_or_else(|| anyhow!("missing \"min\""))?;
@@ -230,9 +231,9 @@ async fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn
 fn status(export: &ControlledExport) -> Value {
     let array = &export.array;
     // One reading that never misses a spare taking a role (`ctl wait` would read that as idle).
-    let (roles, spares) = array.membership_status();
+    let (roles, spares) = array.admin().membership_status();
     let spares: Vec<String> = spares.into_iter().map(|(n, _)| n).collect();
-    let maintenance = array.maintenance_status();
+    let maintenance = array.maintenance().status();
     let failed = roles.iter().filter(|r| r.state != SlotState::InSync).count();
     let mut state = if failed > 0 { "active, degraded".to_string() } else { "active".to_string() };
     if let Some(work) = maintenance.current {
@@ -305,9 +306,9 @@ fn status(export: &ControlledExport) -> Value {
             "member": r.name,
             "state": r.state.name(),
             "recovery_offset_sectors": r.recovery_offset_sectors,
-            "write_mostly": array.is_write_mostly(r.role),
-            "bad_sectors": array.bad_blocks(r.role).sectors(),
-            "read_latency_us": array.read_latency(r.role).map(|l| l.as_micros() as u64),
+            "write_mostly": array.admin().is_write_mostly(r.role),
+            "bad_sectors": array.admin().bad_blocks(r.role).sectors(),
+            "read_latency_us": array.admin().read_latency(r.role).map(|l| l.as_micros() as u64),
             "replacement": r.replacement.as_ref().map(|(n, _, done)| json!({"member": n, "done_sectors": done})),
         })).collect::<Vec<_>>(),
         "spares": spares,
@@ -316,20 +317,20 @@ fn status(export: &ControlledExport) -> Value {
         "last_recovery": tally(maintenance.last_recovery),
         "links": links,
         "gathered_writes": array.gathered_writes(),
-        "away": array.away_status().map(|a| json!({
+        "away": array.admin().away_status().map(|a| json!({
             "since_events": a.since_events,
             "chunks_written": a.chunks_written,
             "chunks": a.chunks,
             "chunk_bytes": a.chunk_sectors * 512,
             "persisted": a.persisted,
         })),
-        "parity_log": array.parity_log_stats().map(|l| json!({
+        "parity_log": array.write_hole_stats().parity_log().map(|l| json!({
             "entries_logged": l.entries_logged,
             "headers_written": l.headers_written,
             "drains": l.drains,
             "retires": l.retires,
         })),
-        "journal": array.journal_stats().map(|j| json!({
+        "journal": array.write_hole_stats().journal().map(|j| json!({
             "units_written": j.units_written,
             "pages_logged": j.pages_logged,
             "tail_moves": j.reclaims,

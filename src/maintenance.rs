@@ -57,7 +57,7 @@ pub fn spawn(array: Arc<Array<dyn Member>>, name: String) -> Worker {
     let progress = Arc::new(Progress::default());
     let wake = Arc::new(Notify::new());
     let notify = wake.clone();
-    array.set_maintenance_waker(Arc::new(move || notify.notify_one()));
+    array.maintenance().set_waker(Arc::new(move || notify.notify_one()));
     let worker = Worker { limits: limits.clone(), progress: progress.clone(), wake: wake.clone() };
     tokio::spawn(async move { run(array, name, limits, progress, wake).await });
     worker
@@ -72,20 +72,20 @@ async fn run(
 ) {
     let mut window_start = Instant::now();
     let mut window_bytes = 0u64;
-    let mut last_client_io = array.client_io_bytes();
+    let mut last_client_io = array.maintenance().client_io_bytes();
     let mut last_log = Instant::now();
     let mut started: Option<(MaintenanceWork, Instant)> = None;
     let mut last_sweep = Instant::now();
     loop {
         if last_sweep.elapsed() >= BITMAP_SWEEP_INTERVAL {
             last_sweep = Instant::now();
-            match array.intent_sweep().await {
+            match array.maintenance().intent_sweep().await {
                 Ok(n) if n > 0 => tracing::debug!(export = %name, chunks = n, "bitmap chunks cleared"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(export = %name, error = %e, "bitmap sweep failed"),
             }
         }
-        let step = match array.maintenance_step(STEP_BYTES).await {
+        let step = match array.maintenance().step(STEP_BYTES).await {
             Ok(step) => step,
             Err(e) => {
                 tracing::error!(export = %name, error = %e, "background work failed; retrying in 5 s");
@@ -110,7 +110,7 @@ async fn run(
                     started = Some((work, Instant::now()));
                 }
                 window_bytes += bytes;
-                let client_io = array.client_io_bytes();
+                let client_io = array.maintenance().client_io_bytes();
                 let busy = client_io != last_client_io;
                 last_client_io = client_io;
                 let limit = if busy { &limits.min_bytes_per_sec } else { &limits.max_bytes_per_sec };
@@ -128,7 +128,7 @@ async fn run(
                     window_bytes = 0;
                 }
                 if last_log.elapsed() > Duration::from_secs(10) {
-                    let status = array.maintenance_status();
+                    let status = array.maintenance().status();
                     let pct = if status.total > 0 { status.done as f64 * 100.0 / status.total as f64 } else { 0.0 };
                     tracing::info!(
                         export = %name,

@@ -48,10 +48,11 @@ struct Snapshot {
 
 impl Snapshot {
     fn of(array: &Array<dyn Member>) -> Snapshot {
-        let maintenance = array.maintenance_status();
+        let maintenance = array.maintenance().status();
         let percent = (maintenance.done * 100).checked_div(maintenance.total).unwrap_or(0);
         Snapshot {
             roles: array
+                .admin()
                 .role_status()
                 .into_iter()
                 .map(|r| RoleSnapshot {

@@ -30,8 +30,8 @@ const REJOIN_INTERVAL: Duration = Duration::from_secs(2);
 /// since it left (its events are at least the bitmap's events_cleared, as md checks) or,
 /// without a bitmap, the away record did (its events are at least the record's start).
 pub async fn returning_role(array: &Array<dyn Member>, member: &dyn Member) -> Result<usize, String> {
-    let summary = array.metadata_summary().ok_or("the array has no md metadata")?;
-    let (cleared, history) = match (summary.bitmap_events_cleared, array.away_since_events()) {
+    let summary = array.admin().metadata_summary().ok_or("the array has no md metadata")?;
+    let (cleared, history) = match (summary.bitmap_events_cleared, array.admin().away_since_events()) {
         (Some(cleared), _) => (cleared, "the bitmap's history"),
         (None, Some(since)) => (since, "the away record began"),
         (None, None) => {
@@ -44,7 +44,7 @@ pub async fn returning_role(array: &Array<dyn Member>, member: &dyn Member) -> R
         return Err("its superblock belongs to another array".into());
     }
     let role = sb.role().active().ok_or("it held no role")?;
-    if !array.failed_roles().contains(&role) {
+    if !array.admin().failed_roles().contains(&role) {
         return Err(format!("its role {role} is not failed"));
     }
     if sb.events < cleared {
@@ -69,13 +69,13 @@ pub fn spawn(array: Arc<Array<dyn Member>>, options: MemberOpenOptions, absent: 
         let mut refused: BTreeSet<String> = BTreeSet::new();
         loop {
             tokio::time::sleep(REJOIN_INTERVAL).await;
-            let roles = array.role_status();
+            let roles = array.admin().role_status();
             for r in &roles {
                 if let Some(name) = r.name.as_ref().filter(|n| nbd_client::ExportAddress::is_uri(n)) {
                     last_uri.insert(r.role, name.clone());
                 }
             }
-            let failed = array.failed_roles();
+            let failed = array.admin().failed_roles();
             if failed.is_empty() || array.is_read_only() {
                 continue;
             }
@@ -91,7 +91,7 @@ pub fn spawn(array: Arc<Array<dyn Member>>, options: MemberOpenOptions, absent: 
                 }
                 let Ok(member) = open_member(&uri, &options).await else { continue };
                 match returning_role(&array, member.as_ref()).await {
-                    Ok(role) => match array.re_add(role, member).await {
+                    Ok(role) => match array.admin().re_add(role, member).await {
                         Ok(()) => {
                             tracing::info!(member = %uri, role, "member is back: re-added");
                             wake.notify_one();

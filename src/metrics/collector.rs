@@ -127,12 +127,12 @@ impl ScrapeCollector {
             if let Some(array) = export.array.get() {
                 let sample = ArraySample {
                     export: export.name.clone(),
-                    roles: array.role_status(),
+                    roles: array.admin().role_status(),
                     spares: 0,
-                    failed_roles: array.failed_roles().len(),
+                    failed_roles: array.admin().failed_roles().len(),
                     size_bytes: array.size_bytes(),
-                    maintenance: array.maintenance_status(),
-                    dirty_bitmap_chunks: array.dirty_bitmap_chunks(),
+                    maintenance: array.maintenance().status(),
+                    dirty_bitmap_chunks: array.maintenance().dirty_bitmap_chunks(),
                 };
                 for r in &sample.roles {
                     if let Some(name) = &r.name {
@@ -142,7 +142,7 @@ impl ScrapeCollector {
                         roles_by_name.insert(name.clone(), format!("{}-replacement", r.role));
                     }
                 }
-                let spares = array.spare_status();
+                let spares = array.admin().spare_status();
                 for (name, _) in &spares {
                     roles_by_name.insert(name.clone(), "spare".into());
                 }

@@ -41,7 +41,7 @@ fn redundant_configs() -> impl Strategy<Value = Config> {
 fn drive(rig: &mut Rig, ops: &[Op], step_bytes: u64) {
     let mut ops = ops.iter();
     for _ in 0..100_000 {
-        let step = block_on(rig.array.maintenance_step(step_bytes)).expect("maintenance step");
+        let step = block_on(rig.array.maintenance().step(step_bytes)).expect("maintenance step");
         if let Some(op) = ops.next() {
             rig.apply(op);
         }
@@ -70,7 +70,7 @@ fn drive_racing(rig: &mut Rig, pool: &[Arc<TestMember>], ops: &[Op], step_bytes:
     for _ in 0..100_000 {
         let write = writes.next();
         let array = &rig.array;
-        let (step, written) = block_on(futures::future::join(array.maintenance_step(step_bytes), async {
+        let (step, written) = block_on(futures::future::join(array.maintenance().step(step_bytes), async {
             match &write {
                 Some((offset, data, delay)) => {
                     yield_times(*delay).await;
@@ -92,7 +92,7 @@ fn drive_racing(rig: &mut Rig, pool: &[Arc<TestMember>], ops: &[Op], step_bytes:
 
 /// Points the rig's role list at whatever device now serves each role.
 fn adopt_roles(rig: &mut Rig, pool: &[Arc<TestMember>]) {
-    for status in rig.array.role_status() {
+    for status in rig.array.admin().role_status() {
         let name = status.name.expect("every role has a device");
         rig.members[status.role] =
             pool.iter().find(|m| raid_core::Member::name(m.as_ref()) == name).expect("known member").clone();
@@ -113,18 +113,18 @@ proptest! {
         let failed = rig.pick_victims(victims);
         prop_assume!(!failed.is_empty());
         for &role in &failed {
-            block_on(rig.array.fail_role(role)).unwrap();
+            block_on(rig.array.admin().fail_role(role)).unwrap();
         }
         let mut pool = rig.members.clone();
         for i in 0..failed.len() {
             let len = raid_core::Member::len_bytes(rig.members[0].as_ref());
             let spare = Arc::new(TestMember::new(format!("spare{i}"), len));
-            block_on(rig.array.add_spare(spare.clone())).expect("add spare");
+            block_on(rig.array.admin().add_spare(spare.clone())).expect("add spare");
             pool.push(spare);
         }
         let during = rig.resolve(&during);
         drive(&mut rig, &during, step_kib << 10);
-        prop_assert!(rig.array.role_status().iter().all(|s| s.state == SlotState::InSync), "{:?}", rig.array.role_status());
+        prop_assert!(rig.array.admin().role_status().iter().all(|s| s.state == SlotState::InSync), "{:?}", rig.array.admin().role_status());
         adopt_roles(&mut rig, &pool);
         rig.assert_consistent();
         prop_assert_eq!(rig.scrub(false), 0);
@@ -141,15 +141,15 @@ proptest! {
         prop_assume!(!failed.is_empty());
         let mut pool = rig.members.clone();
         for (i, &role) in failed.iter().enumerate() {
-            block_on(rig.array.fail_role(role)).unwrap();
+            block_on(rig.array.admin().fail_role(role)).unwrap();
             let len = raid_core::Member::len_bytes(rig.members[0].as_ref());
             let spare = Arc::new(TestMember::new(format!("spare{i}"), len));
-            block_on(rig.array.add_spare(spare.clone())).expect("add spare");
+            block_on(rig.array.admin().add_spare(spare.clone())).expect("add spare");
             pool.push(spare);
         }
         let during = rig.resolve(&during);
         drive_racing(&mut rig, &pool, &during, step_kib << 10);
-        prop_assert!(rig.array.role_status().iter().all(|s| s.state == SlotState::InSync), "{:?}", rig.array.role_status());
+        prop_assert!(rig.array.admin().role_status().iter().all(|s| s.state == SlotState::InSync), "{:?}", rig.array.admin().role_status());
         adopt_roles(&mut rig, &pool);
         rig.assert_consistent();
         prop_assert_eq!(rig.scrub(false), 0);
@@ -167,10 +167,10 @@ proptest! {
         let new = Arc::new(TestMember::new("new".into(), len));
         let mut pool = rig.members.clone();
         pool.push(new.clone());
-        block_on(rig.array.replace(role, new.clone())).expect("replace");
+        block_on(rig.array.admin().replace(role, new.clone())).expect("replace");
         let during = rig.resolve(&during);
         drive(&mut rig, &during, step_kib << 10);
-        let status = rig.array.role_status();
+        let status = rig.array.admin().role_status();
         prop_assert_eq!(status[role].name.as_deref(), Some("new"));
         prop_assert!(status.iter().all(|s| s.state == SlotState::InSync && s.replacement.is_none()));
         adopt_roles(&mut rig, &pool);
@@ -192,13 +192,13 @@ fn unclean_array_is_resynced() {
         }
         assert!(rig.scrub(false) > 0, "{level}: corruption visible");
         let dirty = Rig::reopen(&rig, true);
-        assert!(dirty.array.maintenance_status().resync_pending);
+        assert!(dirty.array.maintenance().status().resync_pending);
         let mut steps = 0;
-        while block_on(dirty.array.maintenance_step(64 << 10)).unwrap() != Step::Idle {
+        while block_on(dirty.array.maintenance().step(64 << 10)).unwrap() != Step::Idle {
             steps += 1;
             assert!(steps < 10_000);
         }
-        assert!(!dirty.array.maintenance_status().resync_pending);
+        assert!(!dirty.array.maintenance().status().resync_pending);
         assert_eq!(dirty.scrub(false), 0, "{level}: resync leaves no mismatch");
     }
 }
@@ -208,14 +208,14 @@ fn scrub_job_runs_in_the_background() {
     let config = Config { level: Level::Raid5, layout: 2, members: 4, chunk_sectors: 16, stripes: 8, unequal_seed: 0 };
     let rig = Rig::new(&config);
     rig.members[1].corrupt(DATA_OFFSET_BYTES + 4096);
-    rig.array.start_scrub(false).unwrap();
-    assert!(rig.array.start_scrub(false).is_err(), "one scrub at a time");
-    while block_on(rig.array.maintenance_step(8 << 10)).unwrap() != Step::Idle {}
-    let status = rig.array.maintenance_status();
+    rig.array.maintenance().start_scrub(false).unwrap();
+    assert!(rig.array.maintenance().start_scrub(false).is_err(), "one scrub at a time");
+    while block_on(rig.array.maintenance().step(8 << 10)).unwrap() != Step::Idle {}
+    let status = rig.array.maintenance().status();
     let (_, counts) = status.last_scrub.expect("scrub finished");
     assert_eq!(counts.mismatch_sectors, 8);
-    rig.array.start_scrub(true).unwrap();
-    while block_on(rig.array.maintenance_step(8 << 10)).unwrap() != Step::Idle {}
+    rig.array.maintenance().start_scrub(true).unwrap();
+    while block_on(rig.array.maintenance().step(8 << 10)).unwrap() != Step::Idle {}
     assert_eq!(rig.scrub(false), 0);
 }
 
@@ -229,22 +229,26 @@ fn write_intent_bits_follow_writes_and_drive_resync() {
         let mut rig = Rig::new(&config);
         let resync_sectors = rig.geometry.resync_sectors();
         let bits = resync_sectors.div_ceil(32);
-        rig.array = Rig::reopen(&rig, false).array.with_write_intent(32, bits, &[]);
-        assert_eq!(rig.array.dirty_bitmap_chunks(), Some(0));
+        rig.array = rig.builder().write_intent(32, bits, &[]).build().unwrap();
+        assert_eq!(rig.array.maintenance().dirty_bitmap_chunks(), Some(0));
         rig.apply(&Op::Write { offset: 0, len: 4096, seed: 1 });
-        let dirty = rig.array.dirty_bitmap_chunks().unwrap();
+        let dirty = rig.array.maintenance().dirty_bitmap_chunks().unwrap();
         assert!(dirty >= 1, "{level}: a write sets its bit");
         // First sweep: the chunk was touched since the last sweep, so it stays.
-        assert_eq!(block_on(rig.array.intent_sweep()).unwrap(), 0);
-        assert_eq!(block_on(rig.array.intent_sweep()).unwrap(), dirty, "{level}: an idle chunk is cleared");
-        assert_eq!(rig.array.dirty_bitmap_chunks(), Some(0));
+        assert_eq!(block_on(rig.array.maintenance().intent_sweep()).unwrap(), 0);
+        assert_eq!(
+            block_on(rig.array.maintenance().intent_sweep()).unwrap(),
+            dirty,
+            "{level}: an idle chunk is cleared"
+        );
+        assert_eq!(rig.array.maintenance().dirty_bitmap_chunks(), Some(0));
 
         // Degraded: bits stay (a returning member would need them).
         let victim = rig.pick_victims(3)[0];
-        block_on(rig.array.fail_role(victim)).unwrap();
+        block_on(rig.array.admin().fail_role(victim)).unwrap();
         rig.apply(&Op::Write { offset: 8192, len: 4096, seed: 2 });
-        block_on(rig.array.intent_sweep()).unwrap();
-        assert_eq!(block_on(rig.array.intent_sweep()).unwrap(), 0, "{level}: no clearing while degraded");
+        block_on(rig.array.maintenance().intent_sweep()).unwrap();
+        assert_eq!(block_on(rig.array.maintenance().intent_sweep()).unwrap(), 0, "{level}: no clearing while degraded");
     }
 }
 
@@ -258,10 +262,10 @@ fn resync_after_crash_covers_exactly_the_dirty_chunks() {
     rig.members[parity_role(6)].corrupt(DATA_OFFSET_BYTES + 6 * 16 * 512 + 10);
     let dirty = Rig::reopen(&rig, true);
     // The bitmap says only chunk 0 was being written at the crash.
-    let array = Rig::reopen(&rig, true).array.with_write_intent(32, 4, &[0]);
+    let array = rig.builder().dirty(true).write_intent(32, 4, &[0]).build().unwrap();
     let mut dirty = dirty;
     dirty.array = array;
-    while block_on(dirty.array.maintenance_step(1 << 20)).unwrap() != Step::Idle {}
+    while block_on(dirty.array.maintenance().step(1 << 20)).unwrap() != Step::Idle {}
     // Stripe 1 was resynced; stripe 6 was not (the bitmap vouched for it).
     assert_eq!(dirty.scrub(false), 8, "only the corruption outside dirty chunks remains");
 }
@@ -274,20 +278,22 @@ fn re_add_rig(level: Level, damage_clean_chunk: bool) -> Rig {
         Config { level, layout: level.default_layout(), members, chunk_sectors: 16, stripes: 8, unequal_seed: 0 };
     let mut rig = Rig::new(&config);
     let bits = rig.geometry.resync_sectors().div_ceil(32);
-    rig.array = Rig::reopen(&rig, false).array.with_write_intent(32, bits, &[]);
+    rig.array = rig.builder().write_intent(32, bits, &[]).build().unwrap();
     rig.apply(&Op::Write { offset: 0, len: rig.size(), seed: 10 });
-    while block_on(rig.array.intent_sweep()).unwrap() > 0 || rig.array.dirty_bitmap_chunks() != Some(0) {}
+    while block_on(rig.array.maintenance().intent_sweep()).unwrap() > 0
+        || rig.array.maintenance().dirty_bitmap_chunks() != Some(0)
+    {}
     let role = rig.pick_victims(5)[0];
-    block_on(rig.array.fail_role(role)).unwrap();
+    block_on(rig.array.admin().fail_role(role)).unwrap();
     rig.apply(&Op::Write { offset: 0, len: 4096, seed: 11 });
-    assert!(rig.array.dirty_bitmap_chunks().unwrap() >= 1);
+    assert!(rig.array.maintenance().dirty_bitmap_chunks().unwrap() >= 1);
     let member = rig.members[role].clone();
     if damage_clean_chunk {
         member.corrupt(DATA_OFFSET_BYTES + rig.member_sectors[role] * SECTOR - 4096);
     }
-    block_on(rig.array.re_add(role, member)).expect("re-add");
-    while block_on(rig.array.maintenance_step(1 << 20)).unwrap() != Step::Idle {}
-    assert!(rig.array.role_status().iter().all(|s| s.state == SlotState::InSync), "{level}");
+    block_on(rig.array.admin().re_add(role, member)).expect("re-add");
+    while block_on(rig.array.maintenance().step(1 << 20)).unwrap() != Step::Idle {}
+    assert!(rig.array.admin().role_status().iter().all(|s| s.state == SlotState::InSync), "{level}");
     rig
 }
 
@@ -307,7 +313,7 @@ fn bitmap_re_add_copies_only_dirty_chunks() {
         let rig = re_add_rig(level, true);
         assert!(rig.scrub(false) > 0, "{level}: a clean chunk was copied");
         // And the tally says so: at most the dirty chunks' worth was copied.
-        let tally = rig.array.maintenance_status().last_recovery.expect("a finished recovery");
+        let tally = rig.array.maintenance().status().last_recovery.expect("a finished recovery");
         assert!(tally.from_bitmap && tally.dirty_chunks >= 1, "{level}: {tally:?}");
         assert!(tally.copied_bytes > 0 && tally.copied_bytes <= tally.dirty_chunks * 32 * 512, "{level}: {tally:?}");
     }

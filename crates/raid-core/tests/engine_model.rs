@@ -133,7 +133,7 @@ fn concurrent_byte_writes_sharing_sectors_keep_every_byte() {
         rig.assert_consistent();
         // Degraded: the edge sectors are rebuilt from parity or the other copy.
         if let Some(&victim) = rig.pick_victims(3).first() {
-            futures::executor::block_on(rig.array.fail_role(victim)).expect("within redundancy");
+            futures::executor::block_on(rig.array.admin().fail_role(victim)).expect("within redundancy");
             rig.run_concurrent_byte_writes(120, 9);
         }
     }

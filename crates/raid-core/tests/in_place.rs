@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use futures::executor::block_on;
-use raid_core::engine::{Array, FileExtent, RoleMember};
+use raid_core::engine::{Array, ArrayBuilder, FileExtent, RoleMember};
 use raid_core::geometry::{Geometry, Level};
 use raid_core::member::{BufResult, IoFuture, Member, MemoryMember};
 use raid_core::{AlignedBuf, SECTOR_BYTES};
@@ -96,7 +96,7 @@ fn array_of(
             })
         })
         .collect();
-    Array::new(geometry, roles, None, false).unwrap()
+    ArrayBuilder::new(geometry, roles).build().unwrap()
 }
 
 fn shm_members(n: usize) -> Vec<Arc<ShmMember>> {
@@ -168,7 +168,7 @@ fn failed_and_unrebuilt_copies_are_never_named() {
     let members = shm_members(2);
     let array = array_of(Level::Raid1, 0, &as_dyn(&members), None);
     block_on(array.write(0, &written, false)).unwrap();
-    block_on(array.fail_role(0)).unwrap();
+    block_on(array.admin().fail_role(0)).unwrap();
     members[0].scribble(0);
     check_matches_reads(&array, &written, 0);
 

@@ -160,16 +160,18 @@ mod md_journal {
             let assembly = md_common::assemble(&as_dyn);
             assert_eq!(assembly.journal, Some(members), "{name}: the journal is found");
             let started = block_on(md::start(&assembly, &as_dyn, StartOptions::default())).expect("start");
-            assert!(!started.forced_read_only && !started.array.maintenance_status().resync_pending, "{name}");
+            assert!(!started.forced_read_only && !started.array.maintenance().status().resync_pending, "{name}");
             for (i, want) in want.iter().enumerate() {
                 let (res, got) = block_on(devices[i].read_at(DATA_AT, AlignedBuf::zeroed(want.len())));
                 res.unwrap();
                 let first_diff = got.as_slice().iter().zip(want).position(|(a, b)| a != b);
                 assert_eq!(first_diff, None, "{name} m{i}: data area differs from the kernel's replay at this byte");
             }
-            let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+            let counts =
+                block_on(started.array.maintenance().scrub(0, started.array.maintenance().scrub_units(), false))
+                    .unwrap();
             assert_eq!(counts.mismatch_sectors, 0, "{name}: the kernel's check after its replay: 0");
-            let stats = started.array.journal_stats().expect("a journal");
+            let stats = started.array.write_hole_stats().journal().expect("a journal");
             assert_eq!(stats.used_sectors, 8, "{name}: only the new empty meta block is in use");
             // The log now ends as the kernel's did: its empty meta block, and the tail on it.
             let blocks = log.len() / JOURNAL_PAGE_BYTES;

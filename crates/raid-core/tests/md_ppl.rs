@@ -125,7 +125,8 @@ mod md_ppl {
             assert_eq!(first_diff, None, "m{i}: data area differs from the kernel's replay at this byte");
         }
         // Like the kernel: parity the newest headers did not cover stays stale; a check finds it.
-        let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+        let counts =
+            block_on(started.array.maintenance().scrub(0, started.array.maintenance().scrub_units(), false)).unwrap();
         assert_eq!(counts.mismatch_sectors, 416, "the kernel's check after its replay: mismatch_cnt 416");
     }
 
@@ -171,7 +172,7 @@ mod md_ppl {
         // Durable data in every chunk of stripe 0, then a partial write the crash tears:
         // its data reaches one member, its parity does not.
         block_on(started.array.write(0, &pattern(1, 3 << 16), true)).unwrap();
-        let stats = started.array.parity_log_stats().expect("a parity log");
+        let stats = started.array.write_hole_stats().parity_log().expect("a parity log");
         assert!(stats.headers_written >= 1 && stats.entries_logged >= 1, "{stats:?}");
         drop(started);
         let torn = pattern(2, 4096);
@@ -179,9 +180,9 @@ mod md_ppl {
         let mut log_write = None;
         {
             let started = start(&members, StartOptions::default());
-            assert!(!started.array.maintenance_status().resync_pending, "clean");
+            assert!(!started.array.maintenance().status().resync_pending, "clean");
             block_on(started.array.write(1 << 16, &torn, false)).unwrap();
-            log_write.replace(started.array.parity_log_stats().unwrap());
+            log_write.replace(started.array.write_hole_stats().parity_log().unwrap());
             // Crash now; undo the parity write (the crash kept only the data write).
             drop(started);
         }
@@ -195,7 +196,7 @@ mod md_ppl {
         assert_eq!(block_on(started.array.read(0, 1 << 16)).unwrap().to_vec(), pattern(1, 3 << 16)[..1 << 16]);
         assert_eq!(block_on(started.array.read(1 << 16, 4096)).unwrap().to_vec(), torn);
         block_on(started.array.write(8 << 16, &pattern(3, 4096), false)).unwrap();
-        assert!(!started.array.maintenance_status().resync_pending);
+        assert!(!started.array.maintenance().status().resync_pending);
     }
 
     /// A write in flight at the crash on two data blocks of a row, one of them on the member
@@ -232,7 +233,7 @@ mod md_ppl {
             let rest = block_on(started.array.read((1 << 16) + 4096, (1 << 16) - 4096)).unwrap().to_vec();
             assert_eq!(rest, durable[(1 << 16) + 4096..2 << 16]);
             assert_eq!(block_on(started.array.read(0, 1 << 16)).unwrap().to_vec(), durable[..1 << 16]);
-            assert_eq!(started.array.bad_blocks(3).ranges(), &[(0, 8)], "the parity rows of stripe 0 (role 3)");
+            assert_eq!(started.array.admin().bad_blocks(3).ranges(), &[(0, 8)], "the parity rows of stripe 0 (role 3)");
             // Another block of those rows still takes writes; parity stays bad.
             block_on(started.array.write(0, &pattern(4, 4096), true)).unwrap();
             assert_eq!(block_on(started.array.read(0, 4096)).unwrap().to_vec(), pattern(4, 4096));
@@ -252,23 +253,26 @@ mod md_ppl {
         {
             let started = start(&survivors, StartOptions::default());
             assert!(lost_row(&started.array).is_err(), "the mark survives a restart");
-            block_on(started.array.add_spare(spare.clone() as Arc<dyn Member>)).unwrap();
-            while block_on(started.array.maintenance_step(1 << 20)).unwrap() != raid_core::engine::Step::Idle {}
-            assert!(started.array.is_optimal());
-            assert_eq!(started.array.bad_blocks(1).ranges(), &[(0, 8)], "the rebuilt member has the rows bad");
+            block_on(started.array.admin().add_spare(spare.clone() as Arc<dyn Member>)).unwrap();
+            while block_on(started.array.maintenance().step(1 << 20)).unwrap() != raid_core::engine::Step::Idle {}
+            assert!(started.array.admin().is_optimal());
+            assert_eq!(started.array.admin().bad_blocks(1).ranges(), &[(0, 8)], "the rebuilt member has the rows bad");
             assert!(lost_row(&started.array).is_err());
-            let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+            let counts =
+                block_on(started.array.maintenance().scrub(0, started.array.maintenance().scrub_units(), false))
+                    .unwrap();
             assert_eq!((counts.mismatch_sectors, counts.skipped_bad_sectors), (0, 8));
             // Rewriting the lost rows makes them right (parity from readable data) and clears both marks.
             block_on(started.array.write(1 << 16, &pattern(5, 4096), false)).unwrap();
             assert_eq!(lost_row(&started.array).unwrap().to_vec(), pattern(5, 4096));
-            assert!(started.array.bad_blocks(1).is_empty() && started.array.bad_blocks(3).is_empty());
+            assert!(started.array.admin().bad_blocks(1).is_empty() && started.array.admin().bad_blocks(3).is_empty());
             block_on(started.array.shutdown()).unwrap();
         }
         let all = vec![members[0].clone(), spare, members[2].clone(), members[3].clone()];
         let started = start(&all, StartOptions::default());
         assert_eq!(lost_row(&started.array).unwrap().to_vec(), pattern(5, 4096));
-        let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+        let counts =
+            block_on(started.array.maintenance().scrub(0, started.array.maintenance().scrub_units(), false)).unwrap();
         assert_eq!((counts.mismatch_sectors, counts.skipped_bad_sectors), (0, 0));
     }
 
@@ -292,7 +296,7 @@ mod md_ppl {
         let survivors: Vec<Arc<MemoryMember>> = [0, 2, 3].iter().map(|&i| members[i].clone()).collect();
         let started = start(&survivors, StartOptions::default());
         assert_eq!(block_on(started.array.read(0, new.len())).unwrap().to_vec(), new);
-        assert!(started.array.bad_blocks(3).is_empty());
+        assert!(started.array.admin().bad_blocks(3).is_empty());
     }
 
     /// Stripe 2 of `create`'s arrays: parity on role 1 (left-symmetric), data on roles 2, 3, 0.
@@ -309,13 +313,13 @@ mod md_ppl {
         // A small write: a header on role 1 whose partial parity holds chunks 1 and 2's data.
         block_on(array.write(STRIPE2, &pattern(2, 4096), false)).unwrap();
         block_on(array.flush()).unwrap();
-        block_on(array.fail_role(1)).unwrap();
+        block_on(array.admin().fail_role(1)).unwrap();
         // While role 1 is away, chunk 1 of the stripe changes (no parity to write).
         block_on(array.write(STRIPE2 + (1 << 16), &pattern(3, 4096), true)).unwrap();
-        block_on(array.remove_device("m1")).unwrap();
-        block_on(array.add_spare(members[1].clone() as Arc<dyn Member>)).unwrap();
-        while block_on(array.maintenance_step(1 << 20)).unwrap() != raid_core::engine::Step::Idle {}
-        assert!(array.is_optimal());
+        block_on(array.admin().remove_device("m1")).unwrap();
+        block_on(array.admin().add_spare(members[1].clone() as Arc<dyn Member>)).unwrap();
+        while block_on(array.maintenance().step(1 << 20)).unwrap() != raid_core::engine::Step::Idle {}
+        assert!(array.admin().is_optimal());
         want[..4096].copy_from_slice(&pattern(2, 4096));
         want[1 << 16..(1 << 16) + 4096].copy_from_slice(&pattern(3, 4096));
         assert_eq!(block_on(array.read(STRIPE2, want.len())).unwrap().to_vec(), want);
@@ -328,7 +332,8 @@ mod md_ppl {
     /// rebuilt right from role 1's parity.
     fn stripe2_survives_a_lost_member(members: &[Arc<MemoryMember>], want: &[u8]) {
         let started = start(members, StartOptions::default());
-        let counts = block_on(started.array.scrub(0, started.array.scrub_units(), false)).unwrap();
+        let counts =
+            block_on(started.array.maintenance().scrub(0, started.array.maintenance().scrub_units(), false)).unwrap();
         assert_eq!(counts.mismatch_sectors, 0, "stripe 2's parity after the replay");
         drop(started);
         let survivors: Vec<Arc<MemoryMember>> = [0, 1, 2].iter().map(|&i| members[i].clone()).collect();
@@ -355,7 +360,7 @@ mod md_ppl {
         let (started, want) = member_back_in_role_1(&members);
         // The bytes stripe 2 already holds: a crash before the data went out looks the same.
         block_on(started.array.write(STRIPE2, &want[..4096], false)).unwrap();
-        assert!(started.array.parity_log_stats().unwrap().headers_written >= 2);
+        assert!(started.array.write_hole_stats().parity_log().unwrap().headers_written >= 2);
         drop(started); // crash, tearing the header
         block_on(members[1].write_at(AREA_AT as u64, AlignedBuf::zeroed(2048), false)).0.unwrap();
         let area = block_on(members[1].read_at(AREA_AT as u64, AlignedBuf::zeroed(1 << 20))).1;

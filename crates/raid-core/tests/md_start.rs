@@ -103,7 +103,7 @@ fn clean_degraded_array_starts_writable_and_dirty_healthy_one_resyncs() {
     drop(started);
     let dirty = start(&members, StartOptions::default());
     assert!(!dirty.forced_read_only);
-    assert!(dirty.array.maintenance_status().resync_pending, "an unclean stop resyncs");
-    while block_on(dirty.array.maintenance_step(1 << 20)).unwrap() != Step::Idle {}
-    assert!(!dirty.array.maintenance_status().resync_pending);
+    assert!(dirty.array.maintenance().status().resync_pending, "an unclean stop resyncs");
+    while block_on(dirty.array.maintenance().step(1 << 20)).unwrap() != Step::Idle {}
+    assert!(!dirty.array.maintenance().status().resync_pending);
 }

@@ -36,7 +36,7 @@ fn reset_counts(rig: &Rig) {
 #[test]
 fn write_mostly_copies_are_read_only_when_no_other_can_be() {
     let rig = raid1();
-    rig.array.set_write_mostly(1, true);
+    rig.array.admin().set_write_mostly(1, true);
     reset_counts(&rig);
     read_spread(&rig, 200);
     assert_eq!(rig.members[1].reads.load(Ordering::Relaxed), 0, "the write-mostly copy was read");
@@ -44,7 +44,7 @@ fn write_mostly_copies_are_read_only_when_no_other_can_be() {
     // Written like any other copy.
     rig.assert_consistent();
     // The other copy gone: the write-mostly one serves.
-    block_on(rig.array.fail_role(0)).unwrap();
+    block_on(rig.array.admin().fail_role(0)).unwrap();
     reset_counts(&rig);
     read_spread(&rig, 20);
     assert!(rig.members[1].reads.load(Ordering::Relaxed) > 0);
@@ -61,7 +61,7 @@ fn a_much_slower_copy_is_left_out_by_its_measured_latency() {
     // Without latency balancing the regions alternate: about half each.
     assert!(slow <= 600 / 128 + 4, "the slow copy got {slow} of {} reads", slow + fast);
     assert!(slow >= 2, "the slow copy is probed now and then ({slow})");
-    let (l0, l1) = (rig.array.read_latency(0).unwrap(), rig.array.read_latency(1).unwrap());
+    let (l0, l1) = (rig.array.admin().read_latency(0).unwrap(), rig.array.admin().read_latency(1).unwrap());
     assert!(l1 > l0 * 4, "{l0:?} vs {l1:?}");
     // When it is fast again, the probes see it and it shares the reads again.
     rig.members[1].read_delay_us.store(0, Ordering::Relaxed);

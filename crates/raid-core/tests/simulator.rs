@@ -27,8 +27,8 @@ use futures::future::join_all;
 use futures::executor::block_on;
 use raid_core::AlignedBuf;
 use raid_core::engine::{
-    Array, Device, JournalConfig, JournalStats, MetadataStore, MetadataSummary, ParityLogConfig, ParityLogStats,
-    RoleMember, StateChange, Step, SuperblockWrite,
+    Array, ArrayBuilder, Device, JournalConfig, JournalStats, MetadataStore, MetadataSummary, ParityLogConfig,
+    ParityLogStats, RoleMember, StateChange, Step, SuperblockWrite, WriteHoleStart,
 };
 use raid_core::geometry::{Geometry, Level};
 use raid_core::member::{BufResult, IoFuture, Member};
@@ -362,21 +362,21 @@ fn rejoin_step(
 ) {
     match *state {
         Rejoin::Before { fail_at } if op >= fail_at => {
-            let failed = block_on(array.fail_role(role));
+            let failed = block_on(array.admin().fail_role(role));
             if failed.is_ok() {
                 *state = Rejoin::Away { back_at: op + 1 + rng.below(20) as usize };
             }
         }
         Rejoin::Away { back_at } if op >= back_at => {
-            let back = block_on(array.remove_device(&format!("m{role}")))
-                .and_then(|()| block_on(array.add_spare(members[role].clone())));
+            let back = block_on(array.admin().remove_device(&format!("m{role}")))
+                .and_then(|()| block_on(array.admin().add_spare(members[role].clone())));
             if back.is_ok() {
                 *state = Rejoin::Rebuilding;
             }
         }
         Rejoin::Rebuilding => {
-            let _ = block_on(array.maintenance_step(u64::from(CHUNK_SECTORS) * SECTOR));
-            if array.is_optimal() {
+            let _ = block_on(array.maintenance().step(u64::from(CHUNK_SECTORS) * SECTOR));
+            if array.admin().is_optimal() {
                 *state = Rejoin::Back;
                 // In half the runs the crash comes soon after, before or around the member's
                 // first new log header.
@@ -411,7 +411,6 @@ fn start(
         .collect();
     if let Some(j) = journal {
         // A journaled array needs no resync after a crash (md's MD_JOURNAL_CLEAN): replay.
-        let array = Array::new(geometry.clone(), roles, Some(Box::new(TailStore)), false).expect("array starts");
         let mut tail = [0u8; 8];
         j.view(JOURNAL_TAIL_AT, &mut tail);
         let config = JournalConfig {
@@ -421,15 +420,17 @@ fn start(
             tail_sectors: u64::from_le_bytes(tail),
         };
         let device = Device { id: JOURNAL_DEVICE, member: j, data_offset_bytes: JOURNAL_RING_AT };
-        let array = array.with_journal(device, config).expect("a journal");
-        block_on(array.start_journal()).expect("journal starts");
-        return array;
+        let builder = ArrayBuilder::new(geometry.clone(), roles).metadata(Box::new(TailStore)).journal(device, config);
+        return block_on(builder.start(start_mode(true))).expect("journal starts").0;
     }
-    let array = Array::new(geometry.clone(), roles, None, dirty).expect("array starts");
-    let Some(config) = ppl else { return array };
-    let array = array.with_parity_log(config).expect("raid5");
-    block_on(array.start_parity_log(dirty)).expect("parity log starts");
-    array
+    let builder = ArrayBuilder::new(geometry.clone(), roles).dirty(dirty);
+    let Some(config) = ppl else { return builder.build().expect("array starts") };
+    block_on(builder.parity_log(config).start(start_mode(dirty))).expect("parity log starts").0
+}
+
+/// A start that may write (a replay after an unclean stop when `unclean`).
+fn start_mode(unclean: bool) -> WriteHoleStart {
+    WriteHoleStart { unclean, read_only: false, forced_read_only: false }
 }
 
 /// One seeded run: writes and flushes until the crash, then recovery and checks.
@@ -533,8 +534,8 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
             }
         }
     }
-    let log = array.parity_log_stats();
-    let journal_stats = array.journal_stats();
+    let log = array.write_hole_stats().parity_log();
+    let journal_stats = array.write_hole_stats().journal();
     let mut violations = Vec::new();
     // Recovery: the members as the crash left them; sometimes one is lost.
     let images: Vec<Vec<u8>> = members.iter().map(|m| m.after_crash(&mut rng)).collect();
@@ -555,11 +556,12 @@ fn run(level: Level, log_kind: Log, mode: Mode, seed: u64) -> Outcome {
     if lost.is_none() {
         // Every member back: resync (none after a log replay), then the redundancy must be
         // consistent.
-        if log_kind != Log::None && array.maintenance_status().resync_pending {
+        if log_kind != Log::None && array.maintenance().status().resync_pending {
             violations.push("a resync is pending after the log replay".into());
         }
-        while block_on(array.maintenance_step(1 << 20)).unwrap() != Step::Idle {}
-        let mismatches = block_on(array.scrub(0, array.scrub_units(), false)).map_or(u64::MAX, |c| c.mismatch_sectors);
+        while block_on(array.maintenance().step(1 << 20)).unwrap() != Step::Idle {}
+        let mismatches = block_on(array.maintenance().scrub(0, array.maintenance().scrub_units(), false))
+            .map_or(u64::MAX, |c| c.mismatch_sectors);
         if mismatches != 0 {
             violations.push(format!("{mismatches} mismatched sectors after resync"));
         }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use futures::executor::block_on;
 use futures::future::join_all;
 use proptest::prelude::*;
-use raid_core::engine::{Array, RoleMember};
+use raid_core::engine::{Array, ArrayBuilder, RoleMember};
 use raid_core::geometry::{Geometry, Level};
 use raid_core::member::Member;
 use raid_core::write_cache::{CHUNK_OVERHEAD_BYTES, WriteCache};
@@ -135,7 +135,7 @@ fn array_over(geometry: &Geometry, members: &[Arc<TestMember>]) -> Array<TestMem
             })
         })
         .collect();
-    Array::new(geometry.clone(), roles, None, false).expect("array starts")
+    ArrayBuilder::new(geometry.clone(), roles).build().expect("array starts")
 }
 
 #[derive(Debug, Clone)]

@@ -31,19 +31,6 @@ use crate::geometry::StripeLayout;
 use crate::member::Member;
 
 impl<M: Member + ?Sized> Array<M> {
-    /// At start: the bad ranges `role`'s device already has (its bad-block log).
-    pub fn with_bad_blocks(self, role: usize, bad: BadRanges) -> Self {
-        if let Some(slot) = self.members.slots.get(role) {
-            slot.set_bad(bad);
-        }
-        self
-    }
-
-    /// The bad ranges of `role` (member sectors from the data offset).
-    pub fn bad_blocks(&self, role: usize) -> BadRanges {
-        self.members.slots.get(role).map(Slot::bad).unwrap_or_default()
-    }
-
     pub(super) fn any_bad(&self) -> bool {
         self.members.slots.iter().any(Slot::has_bad)
     }

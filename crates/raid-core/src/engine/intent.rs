@@ -105,15 +105,8 @@ impl WriteIntent {
 }
 
 impl<M: Member + ?Sized> Array<M> {
-    /// Enables write intent with md bitmap chunks of `chunk_sectors` resync sectors; `dirty`
-    /// lists the bits set on disk at assembly.
-    pub fn with_write_intent(mut self, chunk_sectors: u64, chunks: u64, dirty: &[u64]) -> Self {
-        self.intent = Some(WriteIntent::new(chunk_sectors, chunks, dirty));
-        self
-    }
-
     /// Bitmap chunks currently marked dirty (`None` without a bitmap).
-    pub fn dirty_bitmap_chunks(&self) -> Option<u64> {
+    pub(crate) fn dirty_bitmap_chunks(&self) -> Option<u64> {
         self.intent.as_ref().map(WriteIntent::dirty_chunks)
     }
 
@@ -169,9 +162,9 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// One sweep: clears bits of chunks not written since the previous sweep, after a
     /// member flush made their data durable. Skipped while degraded or resyncing.
-    pub async fn intent_sweep(&self) -> Result<u64> {
+    pub(crate) async fn intent_sweep(&self) -> Result<u64> {
         let Some(intent) = &self.intent else { return Ok(0) };
-        if !self.is_optimal() || self.maintenance_status().resync_pending {
+        if !self.members.is_optimal() || self.maintenance().status().resync_pending {
             return Ok(0);
         }
         let candidates: Vec<u64> = {

@@ -5,14 +5,13 @@
 //! `device_by_id`) and report failures to it (`member_failed`).
 
 use std::io as stdio;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
 
-use super::slot::{self, Device, Replacement, RoleMember, Slot, SlotState};
+use super::slot::{self, Device, RoleMember, Slot, SlotState};
 use super::{Array, META_LOCK_KEY, RoleStatus, StateChange, SuperblockWrite};
-use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
 
@@ -104,22 +103,6 @@ impl<M: Member + ?Sized> Membership<M> {
 }
 
 impl<M: Member + ?Sized> Array<M> {
-    /// Marks the member in `role` faulty on request (admin "fail").
-    pub async fn fail_role(&self, role: usize) -> Result<()> {
-        self.check_writable("fail")?;
-        self.members.role(role)?;
-        let mut failed = self.failed_roles();
-        failed.push(role);
-        if !self.layout().geometry().survives(&failed) {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!("failing role {role} would leave {} without its data", self.layout().geometry().level()),
-            ));
-        }
-        self.mark_faulty(role, "failed by the administrator").await;
-        Ok(())
-    }
-
     /// Records that a member I/O failed: marks it faulty (redundant levels) and makes
     /// that durable before returning.
     pub(super) async fn member_failed(&self, role: usize, error: &stdio::Error, what: &str) {
@@ -274,198 +257,5 @@ impl<M: Member + ?Sized> Array<M> {
             }
         }
         Ok(())
-    }
-
-    /// Records a new device in the superblocks (as md does, first as a spare). It sits among
-    /// the spares while its own superblock is written (the write needs to find it), and stays
-    /// there only if `keep_as_spare`. The caller holds the metadata lock.
-    async fn persist_new_device_locked(&self, device: &Device<M>, keep_as_spare: bool) -> Result<()> {
-        self.members.spares.lock().expect("spares lock").push(device.clone());
-        let added = self
-            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
-            .await;
-        if added.is_err() || !keep_as_spare {
-            self.members.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
-        }
-        added
-    }
-
-    /// Brings a member that left `role` back (md's re-add). The caller checked it belongs to
-    /// this array and that the bitmap (its events are at least the bitmap's events_cleared)
-    /// or the away record (at least [`Array::away_since_events`]) covers the time it was
-    /// away: only chunks written meanwhile are copied.
-    pub async fn re_add(&self, role: usize, member: Arc<M>) -> Result<()> {
-        self.check_writable("re add")?;
-        let slot = self.members.role(role)?;
-        if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
-            return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
-        }
-        if self.intent.is_none() && self.away_since_events().is_none() {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                "the array has no write-intent bitmap and no record of what was written while the member was \
-                 away: add it as a spare",
-            ));
-        }
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        // The failed device (often this very member) leaves the role first.
-        if let Some(old) = slot.take_device() {
-            self.persist_locked(StateChange::Remove { device: old.id }).await;
-        }
-        let device = self.new_device(member).await?;
-        self.write_hole.device_joins(&device).await?;
-        self.persist_new_device_locked(&device, false).await?;
-        self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: false }).await?;
-        slot.bitmap_recovery.store(true, Ordering::Release);
-        slot.install(device.clone(), Some(0));
-        self.begin_recovery(role, true);
-        tracing::info!(
-            role,
-            member = device.member.name(),
-            "member re-added: copying only chunks written while it was away"
-        );
-        drop(_g);
-        self.maintenance.wake();
-        Ok(())
-    }
-
-    /// The data offset new devices get: the same as the array's current devices.
-    pub(super) fn data_offset_for_new_device(&self) -> u64 {
-        self.members
-            .slots
-            .iter()
-            .filter_map(|s| s.device())
-            .chain(self.members.spares.lock().expect("spares lock").iter().cloned())
-            .map(|d| d.data_offset_bytes)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Checks `member` can hold any role and records it as a new device.
-    pub(super) async fn new_device(&self, member: Arc<M>) -> Result<Device<M>> {
-        let data_offset_bytes = self.data_offset_for_new_device();
-        let needed =
-            (0..self.members.slots.len()).map(|r| self.layout().geometry().member_sectors(r)).max().unwrap_or(0)
-                * SECTOR_BYTES;
-        if member.len_bytes() < data_offset_bytes + needed {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!(
-                    "{}: {} bytes is too small: members of this array need {} bytes",
-                    member.name(),
-                    member.len_bytes(),
-                    data_offset_bytes + needed
-                ),
-            ));
-        }
-        let name = member.name().to_string();
-        let already = self.members.slots.iter().any(|s| s.name().as_deref() == Some(&name))
-            || self.spare_status().iter().any(|(n, _)| *n == name);
-        if already {
-            return Err(RaidError::new(ErrorKind::Refused, format!("{name} is already part of the array")));
-        }
-        let id = self.members.next_device_id.fetch_add(1, Ordering::AcqRel);
-        Ok(Device { id, member, data_offset_bytes })
-    }
-
-    /// Adds a device as a spare; a degraded array starts rebuilding onto it. A failed
-    /// member's own address leaves its role first and is rebuilt whole.
-    pub async fn add_spare(&self, member: Arc<M>) -> Result<usize> {
-        self.check_writable("add spare")?;
-        let failed_slot = self
-            .members
-            .slots
-            .iter()
-            .find(|s| s.state() == SlotState::Faulty && s.name().as_deref() == Some(member.name()));
-        if let Some(slot) = failed_slot {
-            let _g = self.locks.lock(META_LOCK_KEY).await;
-            if let Some(old) = slot.take_device() {
-                tracing::info!(member = member.name(), "a failed member added again: it is rebuilt as a new device");
-                old.member.retire("added again: it is rebuilt as a new device");
-                self.persist_locked(StateChange::Remove { device: old.id }).await;
-            }
-        }
-        let device = self.new_device(member).await?;
-        let id = device.id;
-        {
-            let _g = self.locks.lock(META_LOCK_KEY).await;
-            self.persist_new_device_locked(&device, true).await?;
-        }
-        tracing::info!(member = device.member.name(), "spare added");
-        self.maintenance.wake();
-        Ok(id)
-    }
-
-    /// Builds `member` as a replacement for `role` while the current device stays in service.
-    pub async fn replace(&self, role: usize, member: Arc<M>) -> Result<()> {
-        self.check_writable("replace")?;
-        let slot = self.members.role(role)?;
-        if slot.state() != SlotState::InSync || slot.replacement().is_some() {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!("role {role} is not in sync or is already being replaced"),
-            ));
-        }
-        if !self.has_redundancy() {
-            return Err(RaidError::new(
-                ErrorKind::Refused,
-                format!("{} cannot replace members online", self.layout().geometry().level()),
-            ));
-        }
-        let device = self.new_device(member).await?;
-        self.write_hole.device_joins(&device).await?;
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        self.persist_new_device_locked(&device, false).await?;
-        slot.set_replacement(Some(Arc::new(Replacement { device: device.clone(), done_sectors: 0.into() })));
-        if let Err(e) =
-            self.try_persist_locked(StateChange::Assign { device: device.id, role, replacement: true }).await
-        {
-            slot.set_replacement(None);
-            return Err(e);
-        }
-        tracing::info!(role, member = device.member.name(), "replacement started");
-        drop(_g);
-        self.maintenance.wake();
-        Ok(())
-    }
-
-    /// Removes a spare or a faulty member (by name), as `mdadm --remove`.
-    pub async fn remove_device(&self, name: &str) -> Result<()> {
-        self.check_writable("remove device")?;
-        let _g = self.locks.lock(META_LOCK_KEY).await;
-        let spare = {
-            let mut spares = self.members.spares.lock().expect("spares lock");
-            spares.iter().position(|d| d.member.name() == name).map(|i| spares.remove(i))
-        };
-        if let Some(spare) = spare {
-            spare.member.retire("removed from the array");
-            self.persist_locked(StateChange::Remove { device: spare.id }).await;
-            return Ok(());
-        }
-        for slot in &self.members.slots {
-            if slot.name().as_deref() != Some(name) {
-                continue;
-            }
-            if slot.state() != SlotState::Faulty {
-                return Err(RaidError::new(ErrorKind::Refused, format!("{name} is active: fail it first")));
-            }
-            if let Some(old) = slot.take_device() {
-                old.member.retire("removed from the array");
-                self.persist_locked(StateChange::Remove { device: old.id }).await;
-            }
-            return Ok(());
-        }
-        Err(RaidError::new(ErrorKind::Refused, format!("{name} is not a member of the array")))
-    }
-
-    /// Marks the member called `name` faulty (admin "fail").
-    pub async fn fail_member(&self, name: &str) -> Result<()> {
-        let role = self
-            .members
-            .slots
-            .iter()
-            .position(|s| s.name().as_deref() == Some(name))
-            .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("{name} is not an active member")))?;
-        self.fail_role(role).await
     }
 }

@@ -182,7 +182,7 @@ impl<M: Member + ?Sized> Array<M> {
                     format!(
                         "no readable copy of array sectors {sector}..{} (failed roles {:?})",
                         sector + run,
-                        self.failed_roles()
+                        self.members.failed_roles()
                     ),
                 ));
             };
@@ -279,7 +279,7 @@ impl<M: Member + ?Sized> Array<M> {
                     format!(
                         "no live copy of array sectors {sector}..{} (failed roles {:?})",
                         sector + run,
-                        self.failed_roles()
+                        self.members.failed_roles()
                     ),
                 ));
             }

@@ -27,8 +27,10 @@
 //! - `flush` makes every completed write durable on every live member; a write with
 //!   `fua` is durable (data and parity) when it completes.
 
+mod admin;
 mod away;
 mod bad_blocks;
+mod builder;
 mod gather;
 mod intent;
 mod io;
@@ -40,9 +42,9 @@ mod mirror;
 mod quiesce;
 mod read_assembler;
 mod read_balance;
-mod scrub;
 mod shape;
 mod slot;
+mod stripe_compute;
 mod stripe_plan;
 mod stripe_read;
 mod stripe_write;
@@ -55,12 +57,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures::future::join_all;
 
+pub use admin::Admin;
 pub use away::{AwayImage, AwayStart, AwayStatus, AwayStore};
+pub use builder::ArrayBuilder;
 pub use gather::Timer;
 pub use lock_table::{LockGuard, LockTable};
-pub use maintenance::{MaintenanceStatus, MaintenanceWork, RecoveryTally, Step};
+pub use maintenance::{Maintenance, MaintenanceStatus, MaintenanceWork, RecoveryTally, ScrubCounts, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
-pub use scrub::ScrubCounts;
 pub use shape::{Direction, Layout, Reshape, Shape};
 pub use slot::{Device, RoleMember, SlotState};
 pub use write_hole::{
@@ -156,77 +159,6 @@ pub struct Array<M: Member + ?Sized> {
 }
 
 impl<M: Member + ?Sized> Array<M> {
-    /// Starts an array from its geometry and the member serving each role (`None` =
-    /// missing). `metadata` receives state changes; `None` runs without superblocks
-    /// (tests, raw arrays). `dirty` says whether the superblocks already say dirty.
-    pub fn new(
-        geometry: Geometry,
-        members: Vec<Option<RoleMember<M>>>,
-        metadata: Option<Box<dyn MetadataStore>>,
-        dirty: bool,
-    ) -> Result<Self> {
-        if members.len() != geometry.raid_disks() {
-            return Err(RaidError::new(
-                ErrorKind::CannotAssemble,
-                format!("{} members given for {} roles", members.len(), geometry.raid_disks()),
-            ));
-        }
-        for (role, m) in members.iter().enumerate() {
-            let Some(m) = m else { continue };
-            let needed = m.data_offset_bytes + geometry.member_sectors(role) * SECTOR_BYTES;
-            if m.member.len_bytes() < needed {
-                return Err(RaidError::new(
-                    ErrorKind::CannotAssemble,
-                    format!(
-                        "{}: member is {} bytes, role {role} needs {needed} bytes",
-                        m.member.name(),
-                        m.member.len_bytes()
-                    ),
-                ));
-            }
-            if m.member.alignment() as u64 > SECTOR_BYTES {
-                return Err(RaidError::new(
-                    ErrorKind::CannotAssemble,
-                    format!(
-                        "{}: member needs {}-byte aligned I/O; open it without O_DIRECT",
-                        m.member.name(),
-                        m.member.alignment()
-                    ),
-                ));
-            }
-        }
-        let members = Membership::new(members);
-        let missing: Vec<usize> =
-            (0..members.slots.len()).filter(|&r| members.slots[r].state() == SlotState::Missing).collect();
-        if !geometry.survives(&missing) {
-            return Err(RaidError::new(
-                ErrorKind::CannotAssemble,
-                format!("{} cannot run with roles {missing:?} missing", geometry.level()),
-            ));
-        }
-        Ok(Self {
-            shape: ShapeCell::new(Shape::settled(Layout::settled(geometry))),
-            members,
-            locks: LockTable::new(),
-            metadata: metadata.map(Mutex::new),
-            dirty: AtomicBool::new(dirty),
-            maintenance: maintenance::MaintenanceState::new(dirty),
-            client_io_bytes: AtomicU64::new(0),
-            intent: None,
-            away: std::sync::OnceLock::new(),
-            read_only: AtomicBool::new(false),
-            quiesce: quiesce::Quiesce::default(),
-            gather: std::sync::OnceLock::new(),
-            write_hole: Box::new(write_hole::Plain),
-        })
-    }
-
-    /// Adds devices that are already spares of this array (found at assembly).
-    pub fn with_spares(self, spares: Vec<Device<M>>) -> Self {
-        self.members.add_spares(spares);
-        self
-    }
-
     /// The layout the array is in (or is being reshaped to).
     pub(crate) fn layout(&self) -> std::sync::Arc<Layout> {
         self.shape.load().layout().clone()
@@ -244,20 +176,6 @@ impl<M: Member + ?Sized> Array<M> {
 
     pub fn size_bytes(&self) -> u64 {
         self.shape.load().export_sectors() * SECTOR_BYTES
-    }
-
-    /// Whether every role is in sync.
-    pub fn is_optimal(&self) -> bool {
-        self.members.is_optimal()
-    }
-
-    /// Roles that are faulty or missing.
-    pub fn failed_roles(&self) -> Vec<usize> {
-        self.members.failed_roles()
-    }
-
-    pub fn role_status(&self) -> Vec<RoleStatus> {
-        self.members.role_status()
     }
 
     /// Makes the array read-only: client writes and admin changes are refused, no metadata
@@ -289,20 +207,8 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// The metadata store's summary (`None` without metadata).
-    pub fn metadata_summary(&self) -> Option<MetadataSummary> {
+    pub(crate) fn metadata_summary(&self) -> Option<MetadataSummary> {
         self.metadata.as_ref().map(|m| m.lock().expect("metadata lock").summary())
-    }
-
-    /// Names and device ids of the spares.
-    pub fn spare_status(&self) -> Vec<(String, usize)> {
-        self.members.spare_status()
-    }
-
-    /// Roles and spares in one reading that never misses a spare taking a role: the spares
-    /// are read first, and `assign_spare` installs a spare before it leaves the list.
-    pub fn membership_status(&self) -> (Vec<RoleStatus>, Vec<(String, usize)>) {
-        let spares = self.members.spare_status();
-        (self.members.role_status(), spares)
     }
 
     /// Reads `len_bytes` at `offset_bytes`.
@@ -455,7 +361,7 @@ impl<M: Member + ?Sized> Array<M> {
             let change = match self.resync_checkpoint() {
                 Some(sectors) => StateChange::ResyncProgress { sectors },
                 None => {
-                    if self.is_optimal() {
+                    if self.members.is_optimal() {
                         self.intent_clear_all_locked().await;
                     }
                     StateChange::Clean
@@ -495,7 +401,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Error unless the array still holds all its data.
     pub(crate) fn check_survives(&self, what: &str) -> Result<()> {
-        let failed = self.failed_roles();
+        let failed = self.members.failed_roles();
         let shape = self.shape.load();
         if shape.survives(&failed) {
             Ok(())
@@ -583,70 +489,11 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
     }
 }
 
-/// The write-hole policy: installing one (start-up), starting it, and its counters.
+/// The write-hole policy's counters, and what its journal asks of the array.
 impl<M: Member + ?Sized> Array<M> {
-    /// Enables the partial parity log (raid5). Call [`Array::start_parity_log`] before writes.
-    pub fn with_parity_log(mut self, config: ParityLogConfig) -> Result<Self> {
-        self.write_hole = Box::new(write_hole::ParityLog::for_array(config, self.layout().geometry())?);
-        Ok(self)
-    }
-
-    /// Adds the journal (raid4/5/6; md's `--write-journal`).
-    pub fn with_journal(mut self, device: Device<M>, config: JournalConfig) -> Result<Self>
-    where
-        M: 'static,
-    {
-        self.members.next_device_id.fetch_max(device.id + 1, Ordering::AcqRel);
-        self.write_hole = Box::new(write_hole::Journal::for_array(device, config, self.layout().geometry())?);
-        Ok(self)
-    }
-
-    /// Starts the write-hole policy (replays what a crash left).
-    pub async fn start_write_hole(&self, start: WriteHoleStart) -> Result<WriteHoleReport> {
-        self.write_hole.start(self, start).await
-    }
-
-    /// Counters of the write-hole policy.
+    /// Counters of the write-hole policy (PPL or journal).
     pub fn write_hole_stats(&self) -> WriteHoleStats {
         self.write_hole.stats()
-    }
-
-    pub async fn start_parity_log(&self, unclean: bool) -> Result<ReplayReport> {
-        let start = WriteHoleStart { unclean, read_only: false, forced_read_only: false };
-        match self.start_write_hole(start).await? {
-            WriteHoleReport::ParityLog(r) => Ok(r),
-            _ => Ok(ReplayReport::default()),
-        }
-    }
-
-    pub async fn start_journal(&self) -> Result<JournalReport> {
-        let start = WriteHoleStart { unclean: true, read_only: false, forced_read_only: false };
-        match self.start_write_hole(start).await? {
-            WriteHoleReport::Journal(r) => Ok(r),
-            _ => Ok(JournalReport::default()),
-        }
-    }
-
-    pub async fn scan_journal(&self) -> Result<JournalReport> {
-        let start = WriteHoleStart { unclean: true, read_only: true, forced_read_only: false };
-        match self.start_write_hole(start).await? {
-            WriteHoleReport::Journal(r) => Ok(r),
-            _ => Ok(JournalReport::default()),
-        }
-    }
-
-    pub fn parity_log_stats(&self) -> Option<ParityLogStats> {
-        match self.write_hole_stats() {
-            WriteHoleStats::ParityLog(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    pub fn journal_stats(&self) -> Option<JournalStats> {
-        match self.write_hole_stats() {
-            WriteHoleStats::Journal(s) => Some(s),
-            _ => None,
-        }
     }
 
     /// Records the journal's tail in the superblocks.

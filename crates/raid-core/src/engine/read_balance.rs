@@ -94,24 +94,6 @@ impl<M: Member + ?Sized> Array<M> {
         debug_assert!(!fast.is_empty(), "the fastest copy always qualifies");
         fast
     }
-
-    /// Marks `role` write-mostly (md's `WriteMostly1`) or not.
-    pub fn set_write_mostly(&self, role: usize, on: bool) {
-        if let Some(slot) = self.members.slots.get(role) {
-            slot.read_balance.write_mostly.store(on, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether `role` is write-mostly.
-    pub fn is_write_mostly(&self, role: usize) -> bool {
-        self.members.slots.get(role).is_some_and(|s| s.read_balance.write_mostly.load(Ordering::Relaxed))
-    }
-
-    /// The mean read latency measured on `role` (`None` before its first read).
-    pub fn read_latency(&self, role: usize) -> Option<Duration> {
-        let ns = self.members.slots.get(role)?.read_balance.latency_ns();
-        (ns > 0).then(|| Duration::from_nanos(ns))
-    }
 }
 
 #[cfg(test)]

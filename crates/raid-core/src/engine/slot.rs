@@ -145,6 +145,7 @@ impl<M: Member + ?Sized> Slot<M> {
     /// Puts `device` in the role: in sync, or recovering from `recovery_offset`. It has no
     /// bad ranges (see `set_bad`).
     pub fn install(&self, device: Device<M>, recovery_offset: Option<u64>) {
+        debug_assert_eq!(self.state(), SlotState::Missing, "a device is installed only in an empty role");
         self.set_bad(BadRanges::default());
         *self.device.write().expect("slot lock") = Some(device);
         match recovery_offset {
@@ -255,5 +256,56 @@ impl<M: Member + ?Sized> Slot<M> {
 
     pub fn set_replacement(&self, replacement: Option<Arc<Replacement<M>>>) {
         *self.replacement.write().expect("slot lock") = replacement;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::member::MemoryMember;
+
+    fn device(id: usize) -> Device<MemoryMember> {
+        Device { id, member: Arc::new(MemoryMember::new(format!("m{id}"), 1 << 20)), data_offset_bytes: 0 }
+    }
+
+    #[test]
+    fn a_role_goes_missing_installed_faulty_missing() {
+        let slot: Slot<MemoryMember> = Slot::new(None);
+        assert_eq!(slot.state(), SlotState::Missing);
+        slot.install(device(0), Some(0));
+        assert_eq!(slot.state(), SlotState::Recovering);
+        slot.set_recovery_offset(64);
+        assert!(slot.is_readable(0, 64) && !slot.is_readable(0, 65));
+        slot.set_in_sync();
+        assert!(slot.set_faulty(), "an in-sync device fails");
+        assert!(!slot.set_faulty(), "a faulty one fails once");
+        assert_eq!(slot.take_device().map(|d| d.id), Some(0));
+        slot.install(device(1), None);
+        assert_eq!(slot.state(), SlotState::InSync);
+    }
+
+    #[test]
+    #[should_panic(expected = "installed only in an empty role")]
+    fn a_device_never_replaces_another_without_leaving_first() {
+        let slot: Slot<MemoryMember> = Slot::new(None);
+        slot.install(device(0), None);
+        slot.install(device(1), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "became in sync without a rebuild")]
+    fn a_faulty_device_never_becomes_in_sync() {
+        let slot: Slot<MemoryMember> = Slot::new(None);
+        slot.install(device(0), None);
+        slot.set_faulty();
+        slot.set_in_sync();
+    }
+
+    #[test]
+    #[should_panic(expected = "went back")]
+    fn recovery_never_goes_back() {
+        let slot: Slot<MemoryMember> = Slot::new(None);
+        slot.install(device(0), Some(128));
+        slot.set_recovery_offset(64);
     }
 }

@@ -17,7 +17,10 @@ use std::sync::Arc;
 use crate::SECTOR_BYTES;
 use crate::bad_ranges::BadRanges;
 use crate::buf::AlignedBuf;
-use crate::engine::{Array, Device, JournalConfig, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, RoleMember};
+use crate::engine::{
+    Array, ArrayBuilder, Device, JournalConfig, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, RoleMember,
+    WriteHoleReport, WriteHoleStart,
+};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Geometry, Level};
 use crate::journal::{JOURNAL_PAGE_SECTORS, journal_seed};
@@ -86,15 +89,31 @@ pub async fn start<M: Member + ?Sized + 'static>(
         forced_read_only = true;
     }
     let bitmap = read_bitmap(assembly, members).await;
-    let mut array = build(assembly, members, bitmap)?;
+    let mut builder = builder(assembly, members, bitmap)?;
     for (role, bad) in read_bad_blocks(assembly, members).await? {
         tracing::warn!(role, ranges = ?bad.ranges(), "member has bad blocks: those sectors are never read from it");
-        array = array.with_bad_blocks(role, bad);
+        builder = builder.bad_blocks(role, bad);
     }
     if let Some((device, config)) = journal_config(assembly, members)? {
-        array = array.with_journal(device, config)?;
-        if options.read_only || forced_read_only {
-            let report = array.scan_journal().await?;
+        builder = builder.journal(device, config);
+    }
+    if let Some(config) = ppl {
+        builder = builder.parity_log(config);
+    }
+    let unclean = !assembly.metadata.is_clean();
+    let start = WriteHoleStart { unclean, read_only: options.read_only, forced_read_only };
+    // A read-only array writes nothing at all: no superblocks, no resync.
+    let (array, report) = builder.start(start).await?;
+    log_write_hole_start(&report, &start);
+    Ok(Started { array, forced_read_only })
+}
+
+/// Says what the write-hole policy's start found and did.
+fn log_write_hole_start(report: &WriteHoleReport, start: &WriteHoleStart) {
+    let scanned_only = start.read_only || start.forced_read_only;
+    match report {
+        WriteHoleReport::None => {}
+        WriteHoleReport::Journal(report) if scanned_only => {
             if report.units > 1 {
                 tracing::warn!(
                     "the write journal holds {} units after its tail, not replayed on a read-only start: stripes \
@@ -102,53 +121,41 @@ pub async fn start<M: Member + ?Sized + 'static>(
                     report.units
                 );
             }
-        } else {
-            let report = array.start_journal().await?;
-            if report.created {
-                tracing::info!("write journal: no valid unit at its tail, a new log was started (as md does)");
-            } else {
-                tracing::info!(
-                    "write journal replayed: {} units, {} stripes rewritten ({} pages of missing members skipped, \
-                     {} data-only stripes, {} invalid payloads)",
-                    report.units,
-                    report.stripes,
-                    report.pages_skipped,
-                    report.data_only_stripes,
-                    report.invalid
+        }
+        WriteHoleReport::Journal(report) if report.created => {
+            tracing::info!("write journal: no valid unit at its tail, a new log was started (as md does)")
+        }
+        WriteHoleReport::Journal(report) => tracing::info!(
+            "write journal replayed: {} units, {} stripes rewritten ({} pages of missing members skipped, {} \
+             data-only stripes, {} invalid payloads)",
+            report.units,
+            report.stripes,
+            report.pages_skipped,
+            report.data_only_stripes,
+            report.invalid
+        ),
+        WriteHoleReport::ParityLog(report) if start.unclean => {
+            tracing::info!(
+                "unclean stop: partial parity log replayed ({} logs, {} entries, {} parity sectors rewritten; {} \
+                 torn, {} with a member missing ({} of them landed whole), {} invalid)",
+                report.logs,
+                report.entries_replayed,
+                report.parity_sectors,
+                report.entries_torn,
+                report.entries_degraded,
+                report.entries_landed,
+                report.entries_invalid
+            );
+            if report.parity_sectors_bad > 0 {
+                tracing::warn!(
+                    "{} parity sectors marked bad: writes in flight at the crash on the missing member cannot be \
+                     rebuilt there, so reads of those sectors fail until they are written again",
+                    report.parity_sectors_bad
                 );
             }
         }
+        WriteHoleReport::ParityLog(_) => {}
     }
-    if let Some(config) = ppl {
-        array = array.with_parity_log(config)?;
-        if !options.read_only {
-            let unclean = !assembly.metadata.is_clean();
-            let report = array.start_parity_log(unclean).await?;
-            if unclean {
-                tracing::info!(
-                    "unclean stop: partial parity log replayed ({} logs, {} entries, {} parity sectors rewritten; \
-                     {} torn, {} with a member missing ({} of them landed whole), {} invalid)",
-                    report.logs,
-                    report.entries_replayed,
-                    report.parity_sectors,
-                    report.entries_torn,
-                    report.entries_degraded,
-                    report.entries_landed,
-                    report.entries_invalid
-                );
-                if report.parity_sectors_bad > 0 {
-                    tracing::warn!(
-                        "{} parity sectors marked bad: writes in flight at the crash on the missing member \
-                         cannot be rebuilt there, so reads of those sectors fail until they are written again",
-                        report.parity_sectors_bad
-                    );
-                }
-            }
-        }
-    }
-    // A read-only array writes nothing at all: no superblocks, no resync.
-    array.set_read_only(options.read_only || forced_read_only);
-    Ok(Started { array, forced_read_only })
 }
 
 /// The PPL area of an md array that has one, checked to lie between the superblock and the
@@ -272,8 +279,12 @@ async fn read_bad_blocks<M: Member + ?Sized>(
     Ok(out)
 }
 
-/// Builds the engine from an assembly plan and the opened members (by candidate index).
-fn build<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>], bitmap: Option<Bitmap>) -> Result<Array<M>> {
+/// The engine's builder from an assembly plan and the opened members (by candidate index).
+fn builder<M: Member + ?Sized>(
+    assembly: &Assembly,
+    members: &[Arc<M>],
+    bitmap: Option<Bitmap>,
+) -> Result<ArrayBuilder<M>> {
     let meta = &assembly.metadata;
     let roles = assembly.members.len();
     let member_index = |role: usize| assembly.members[role].and_then(|c| assembly.member_index_of_candidate(c));
@@ -338,15 +349,16 @@ fn build<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>], bitmap: Op
     let write_mostly: Vec<usize> = (0..roles)
         .filter(|&role| member_index(role).is_some_and(|i| meta.members[i].devflags & DEVFLAG_WRITE_MOSTLY != 0))
         .collect();
-    let mut array = Array::new(geometry, role_members, Some(Box::new(store)), !meta.is_clean())?.with_spares(spares);
+    let mut builder =
+        ArrayBuilder::new(geometry, role_members).metadata(Box::new(store)).dirty(!meta.is_clean()).spares(spares);
     for role in write_mostly {
-        array.set_write_mostly(role, true);
+        builder = builder.write_mostly(role);
     }
     if let Some((chunk_sectors, chunks, dirty)) = intent {
-        array = array.with_write_intent(chunk_sectors, chunks, &dirty);
+        builder = builder.write_intent(chunk_sectors, chunks, &dirty);
     }
     if !meta.is_clean() && meta.resync_offset != 0 {
-        array.resume_resync_from(meta.resync_offset);
+        builder = builder.resync_from(meta.resync_offset);
     }
-    Ok(array)
+    Ok(builder)
 }

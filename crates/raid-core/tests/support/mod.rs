@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use futures::executor::block_on;
 use proptest::prelude::*;
 use raid_core::AlignedBuf;
-use raid_core::engine::{Array, RoleMember};
+use raid_core::engine::{Array, ArrayBuilder, RoleMember};
 use raid_core::geometry::{Geometry, Level};
 use raid_core::member::{BufResult, IoFuture, Member, MemoryMember};
 use raid_core::parity::{self, BlockKind};
@@ -280,6 +280,11 @@ impl Rig {
         Self::with_members(config.clone(), geometry, member_sectors, members)
     }
 
+    /// A builder of a new array over the same members (a restart).
+    pub fn builder(&self) -> ArrayBuilder<TestMember> {
+        ArrayBuilder::new(self.geometry.clone(), role_members(&self.members))
+    }
+
     /// A new array over the same members (a restart), `dirty` as after an unclean stop.
     pub fn reopen(rig: &Rig, dirty: bool) -> Rig {
         let mut new = Self::with_members(
@@ -289,7 +294,10 @@ impl Rig {
             rig.members.clone(),
         );
         if dirty {
-            new.array = Array::new(rig.geometry.clone(), role_members(&new.members), None, true).expect("array starts");
+            new.array = ArrayBuilder::new(rig.geometry.clone(), role_members(&new.members))
+                .dirty(true)
+                .build()
+                .expect("array starts");
         }
         new
     }
@@ -300,7 +308,7 @@ impl Rig {
         member_sectors: Vec<u64>,
         members: Vec<Arc<TestMember>>,
     ) -> Rig {
-        let array = Array::new(geometry.clone(), role_members(&members), None, false).expect("array starts");
+        let array = ArrayBuilder::new(geometry.clone(), role_members(&members)).build().expect("array starts");
         let size = array.size_bytes() as usize;
         let sectors = size / SECTOR as usize;
         let model = Self::read_all_from(&array);
@@ -379,7 +387,7 @@ impl Rig {
 
     fn fail_roles(&self, roles: &[usize]) {
         for &r in roles {
-            block_on(self.array.fail_role(r)).expect("failing within redundancy is allowed");
+            block_on(self.array.admin().fail_role(r)).expect("failing within redundancy is allowed");
         }
     }
 
@@ -484,7 +492,8 @@ impl Rig {
 
     /// Scrubs the whole array; returns md's mismatch count (sectors).
     pub fn scrub(&self, repair: bool) -> u64 {
-        let counts = block_on(self.array.scrub(0, self.array.scrub_units(), repair)).expect("scrub");
+        let counts =
+            block_on(self.array.maintenance().scrub(0, self.array.maintenance().scrub_units(), repair)).expect("scrub");
         assert_eq!(counts.scrubbed_bytes, self.size(), "scrub covers the array");
         counts.mismatch_sectors
     }

@@ -82,6 +82,24 @@ pub enum WriteHoleStats {
     Journal(JournalStats),
 }
 
+impl WriteHoleStats {
+    /// The partial parity log's counters, if that is the policy.
+    pub fn parity_log(self) -> Option<ParityLogStats> {
+        match self {
+            WriteHoleStats::ParityLog(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The journal's counters, if that is the policy.
+    pub fn journal(self) -> Option<JournalStats> {
+        match self {
+            WriteHoleStats::Journal(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
 /// A striped write, planned under its stripe locks, for a policy to carry out.
 pub(crate) struct StripeWork<'a> {
     pub layout: &'a Layout,
@@ -201,6 +219,11 @@ pub(crate) trait WriteHole<M: Member + ?Sized>: Send + Sync {
 
     fn stats(&self) -> WriteHoleStats {
         WriteHoleStats::None
+    }
+
+    /// Whether an array with this policy may be reshaped (md reshapes none with a log).
+    fn reshapes(&self) -> bool {
+        true
     }
 }
 

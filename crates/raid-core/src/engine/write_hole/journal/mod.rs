@@ -208,6 +208,10 @@ impl<M: Member + ?Sized> WriteHole<M> for Journal<M> {
         self.fail(array, error, what);
     }
 
+    fn reshapes(&self) -> bool {
+        false
+    }
+
     fn stats(&self) -> WriteHoleStats {
         WriteHoleStats::Journal(Journal::stats(self))
     }

@@ -289,6 +289,10 @@ impl<M: Member + ?Sized> WriteHole<M> for ParityLog {
         })
     }
 
+    fn reshapes(&self) -> bool {
+        false
+    }
+
     fn stats(&self) -> WriteHoleStats {
         WriteHoleStats::ParityLog(ParityLog::stats(self))
     }

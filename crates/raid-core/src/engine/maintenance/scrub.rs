@@ -12,10 +12,10 @@
 
 use futures::future::join_all;
 
-use super::stripe_read::{block_kinds, block_role};
-use super::{Array, DataPath, Layout};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
+use crate::engine::stripe_read::{block_kinds, block_role};
+use crate::engine::{Array, DataPath, Layout};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
 use crate::parity;
@@ -51,7 +51,7 @@ impl std::ops::AddAssign for ScrubCounts {
 
 impl<M: Member + ?Sized> Array<M> {
     /// Number of scrub units (see the module docs).
-    pub fn scrub_units(&self) -> u64 {
+    pub(crate) fn scrub_units(&self) -> u64 {
         match self.layout().parity() {
             Some(pg) => pg.stripes(),
             None => self.layout().geometry().array_sectors().div_ceil(MIRROR_UNIT_SECTORS),
@@ -60,14 +60,14 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Scrubs `count` units from `first`. Needs every member: a degraded array has no
     /// redundancy to compare (md refuses to check it too).
-    pub async fn scrub(&self, first: u64, count: u64, repair: bool) -> Result<ScrubCounts> {
+    pub(crate) async fn scrub(&self, first: u64, count: u64, repair: bool) -> Result<ScrubCounts> {
         if repair {
             self.check_writable("repair")?;
         }
-        if !self.is_optimal() {
+        if !self.members.is_optimal() {
             return Err(RaidError::new(
                 ErrorKind::Refused,
-                format!("cannot check a degraded array (failed roles {:?})", self.failed_roles()),
+                format!("cannot check a degraded array (failed roles {:?})", self.members.failed_roles()),
             ));
         }
         if !self.has_redundancy() {
