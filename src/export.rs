@@ -45,14 +45,22 @@ pub struct ArrayDevice {
 }
 
 impl ArrayDevice {
-    /// Serves `volume`, an array of `geometry` (or a layer over one).
-    pub fn new(volume: Arc<dyn Volume>, geometry: &Geometry, read_only: bool, description: String) -> Self {
+    /// Serves `volume`, an array of `geometry` (or a layer over one) whose clients address it
+    /// in blocks of `logical_block_bytes` (md's logical block size, 512 unless recorded).
+    pub fn new(
+        volume: Arc<dyn Volume>,
+        geometry: &Geometry,
+        logical_block_bytes: u32,
+        read_only: bool,
+        description: String,
+    ) -> Self {
         let info = DeviceInfo {
             read_only,
             can_fast_zero: false,
             can_cache: false,
-            min_block_bytes: 512,
-            preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors()),
+            min_block_bytes: logical_block_bytes,
+            preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors())
+                .max(logical_block_bytes),
             max_payload_bytes: MAX_IO_BYTES as u32,
             byte_granular: volume.writes_bytes(),
             can_trim: volume.can_trim(),

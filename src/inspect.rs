@@ -234,6 +234,7 @@ fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometr
         "used_dev_size_bytes": meta.size * SECTOR_BYTES,
         "state": state_words(a),
         "consistency_policy": consistency_policy(meta),
+        "logical_block_bytes": meta.logical_block_bytes(),
         "degraded": a.degraded,
         "clean": !a.dirty,
         "events": meta.events,
@@ -310,6 +311,9 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
         line("Layout", describe_layout(g));
     }
     line("Consistency Policy", consistency_policy(meta).into());
+    if meta.logical_block_size != 0 {
+        line("Logical Block Size", format!("{} bytes (recorded by Linux 6.19+)", meta.logical_block_size));
+    }
     line("Name", meta.name());
     line("UUID", meta.uuid.to_string());
     line("Events", meta.events.to_string());

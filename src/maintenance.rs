@@ -1,4 +1,4 @@
-//! The background worker of one array: drives `Array::maintenance_step` (rebuild,
+//! The background worker of one array: drives `Maintenance::step` (rebuild,
 //! replace, resync, check/repair), paced between a minimum and a maximum speed like md's
 //! `speed_limit_min/max` (defaults 1 MB/s and 200 MB/s): at full speed while clients are
 //! quiet, at the minimum while they are busy. Logs progress at info level.

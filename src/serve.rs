@@ -283,7 +283,8 @@ async fn start(settings: Settings) -> Result<Started> {
             );
             caches.push((cache.clone(), tokio::spawn(write_back_loop(cache, plan.name.clone()))));
         }
-        let device = ArrayDevice::new(volume, &opened.array.geometry(), read_only, description.clone());
+        let block_bytes = opened.assembly.metadata.logical_block_bytes();
+        let device = ArrayDevice::new(volume, &opened.array.geometry(), block_bytes, read_only, description.clone());
         let device: Arc<dyn BlockDevice> = Arc::new(device);
         lines.push(format!(
             "serving export '{}': {description}{}; {cache_text}",

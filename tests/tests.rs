@@ -11,6 +11,7 @@ mod fairness;
 mod hostile_server;
 mod io_shape;
 mod journal;
+mod md_today;
 mod metrics;
 mod misbehaving_members;
 mod remote_members;

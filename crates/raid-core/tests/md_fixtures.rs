@@ -62,6 +62,7 @@ mod md {
             utime: 1_650_000_777,
             events: 1234,
             resync_offset: 0,
+            logical_block_size: 0,
             dev_roles: roles,
             // The rest as mdadm writes it for any array (layout 2, 512K chunk, no bitmap, no
             // reshape, superblock at sector 8, 8-sector bad-block log): as in raid5_member.

@@ -90,7 +90,8 @@ mod md {
         assert_eq!(le64(&b, 200), 0x0123_4567_89ab_cdef, "events");
         assert_eq!(le64(&b, 208), 0x7777, "resync_offset");
         assert_eq!(le32(&b, 220), 7, "max_dev");
-        assert!(b[224..256].iter().all(|&x| x == 0), "pad3");
+        assert_eq!(le32(&b, 224), 0, "logical_block_size not recorded");
+        assert!(b[228..256].iter().all(|&x| x == 0), "pad3");
         let roles: Vec<u16> = (0..7).map(|i| u16::from_le_bytes([b[256 + 2 * i], b[257 + 2 * i]])).collect();
         assert_eq!(roles, [0, 1, 2, 3, 0xffff, 0xfffe, 0xfffd], "dev_roles");
         assert!(b[256 + 14..].iter().all(|&x| x == 0), "zero after dev_roles");
@@ -166,8 +167,18 @@ mod md {
         expect_reject(&with(8, &0x8000_0000u32.to_le_bytes()), "unknown feature_map bits");
         expect_reject(&with(136, &9u64.to_le_bytes()), "data_size 9");
         expect_reject(&with(12, &1u32.to_le_bytes()), "padding");
-        for at in 224..256 {
+        for at in 228..256 {
             expect_reject(&with(at, &[0x40]), "padding");
+        }
+        // Linux 6.19+ records the array's logical block size at byte 224 (formerly padding).
+        for bad_lbs in [64u32, 3000, 1 << 17] {
+            expect_reject(&with(224, &bad_lbs.to_le_bytes()), "logical_block_size");
+        }
+        for lbs in [512u32, 4096, 65536] {
+            let sb = Superblock::decode(&with(224, &lbs.to_le_bytes())).expect("a recorded block size is accepted");
+            assert_eq!(sb.logical_block_size, lbs);
+            assert_eq!(le32(&sb.encode(), 224), lbs, "and written back");
+            assert!(sb.notices().iter().any(|n| n.contains("Linux 6.18 and older")), "{:?}", sb.notices());
         }
         // data_offset must clear the superblock: 8 + 1 sector for max_dev 128.
         expect_reject(&with(128, &8u64.to_le_bytes()), "overlaps the superblock");
@@ -395,6 +406,7 @@ mod md {
                     utime,
                     events,
                     resync_offset,
+                    logical_block_size: [0, 512, 4096][(events % 3) as usize],
                     dev_roles,
                 }
             })

@@ -3,15 +3,21 @@
 //! ```text
 //!  read/write/flush/trim/write_zeroes (bytes, 512-aligned, <= 32 MiB per read/write)
 //!      │
+//!      ├── shape.rs: the request enters the array's Shape: one part, or two split at a
+//!      │             reshape front, each with its Layout (a geometry at a member offset)
+//!      │    per part, by DataPath::of(layout) (the one place a level picks its path):
 //!      ├── linear, raid0, raid1, raid10 ── mirror.rs: map pieces, pick a readable copy
 //!      │                                   (least loaded), write every writable copy
-//!      └── raid4/5/6 ───────────────────── stripe.rs: per-stripe locks, full-stripe
-//!                                          writes without reads, RMW vs reconstruct-write
-//!                                          by fewest reads, degraded reconstruct
-//!      the path is chosen in one place (DataPath, Array::data_path)
+//!      └── raid4/5/6 ─ stripe_read.rs: data chunks, degraded reconstruct under the lock
+//!                      stripe_write.rs: per-stripe locks, a plan per segment (full stripe,
+//!                        RMW or reconstruct-write by fewest reads, degraded) handed to
+//!                        the WriteHole policy (write_hole/: none, md's PPL, md's journal),
+//!                        which computes (stripe_compute.rs), protects, and writes
 //!      member I/O: coalesced per member (io.rs: read_member, read_pieces, write_member)
-//!      membership.rs: roles, spares, device ids; failures mark the member faulty; fail,
-//!                     add, replace, re-add, remove, each recorded before it takes effect
+//!      membership.rs: roles, spares, device ids; a failure marks the member faulty,
+//!                     recorded before the write that skipped it is acknowledged
+//!      handles: ArrayBuilder (builder.rs), Admin (admin.rs: fail/add/replace/remove/
+//!               re-add), Maintenance (maintenance/: rebuild, resync, check/repair)
 //!      state changes: metadata.rs (md superblocks through a MetadataStore)
 //!      bad_blocks.rs: member sectors a device does not hold right (md's bad-block log)
 //! ```
@@ -103,7 +109,7 @@ const ZERO_ROUTE_SECTORS: u64 = 1 << 21; // 1 GiB
 pub(crate) enum DataPath {
     /// linear, raid0, raid1, raid10: every byte on one member, or copied (mirror.rs).
     Mirrored,
-    /// raid4/5/6: data and parity in stripes, under stripe locks (stripe.rs).
+    /// raid4/5/6: data and parity in stripes, under stripe locks (stripe_*.rs).
     Striped,
 }
 
@@ -146,7 +152,7 @@ pub struct Array<M: Member + ?Sized> {
     client_io_bytes: AtomicU64,
     /// The write-intent bitmap, when the array has one.
     intent: Option<intent::WriteIntent>,
-    /// What was written while a member was away, without a bitmap (away.rs).
+    /// What was written while a member was away, without a bitmap (away/).
     away: std::sync::OnceLock<away::AwayRecord>,
     /// Nothing is written to the members: no data, no metadata, no background work.
     read_only: AtomicBool,
@@ -241,9 +247,8 @@ impl<M: Member + ?Sized> Array<M> {
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.ensure_dirty().await?;
         let start = offset_bytes / SECTOR_BYTES;
-        let layout = self.layout();
-        if let (Some(gather), Some(pg)) = (self.gather.get(), layout.parity()) {
-            let stripe_sectors = u64::from(pg.chunk_sectors()) * pg.data_disks() as u64;
+        let stripe_sectors = self.gather.get().and_then(|_| self.layout().parity().map(|pg| pg.stripe_data_sectors()));
+        if let (Some(gather), Some(stripe_sectors)) = (self.gather.get(), stripe_sectors) {
             let end = start + data.len() as u64 / SECTOR_BYTES;
             match gather.arrive(start, end, data, fua, stripe_sectors) {
                 gather::Role::Alone => {

@@ -1,7 +1,10 @@
 //! md's internal write-intent bitmap, version 4 (`md-bitmap.h` `bitmap_super_t`;
 //! `md-format.md` §4.1): a 256-byte header followed by one bit per bitmap chunk,
 //! little-endian bit order, at `super_offset + bitmap_offset` (4 KiB after the superblock
-//! for 1.2). Every member holds the same bitmap.
+//! for 1.2). Every member holds the same bitmap. Version 3 (host-endian, from old kernels)
+//! is the same on a little-endian host and is read as such; version 5 (md-cluster) and 6
+//! (md's lockless bitmap, Linux 6.18+: one byte per chunk from byte 1024, chunk size in
+//! sectors) are refused by name: a bitmap raidnbd cannot keep must not be run without.
 //!
 //! A set bit says "writes may have been in flight in this chunk": after an unclean stop
 //! only those chunks are resynced, and a member that was briefly absent only needs those
@@ -30,6 +33,14 @@ use super::uuid::MdUuid;
 
 pub const BITMAP_MAGIC: u32 = 0x6d74_6962;
 pub const BITMAP_VERSION: u32 = 4;
+/// Host-endian bitmaps of old kernels (little-endian here: read as version 4).
+pub const BITMAP_VERSION_HOSTENDIAN: u32 = 3;
+/// md-cluster's bitmap.
+pub const BITMAP_VERSION_CLUSTERED: u32 = 5;
+/// md's lockless bitmap (`md-llbitmap.c`, Linux 6.18+, `mdadm --bitmap=lockless`).
+pub const BITMAP_VERSION_LOCKLESS: u32 = 6;
+/// The kernel refuses a larger `write_behind` (md's `COUNTER_MAX`).
+const MAX_WRITE_BEHIND: u32 = 16383;
 pub const BITMAP_HEADER_BYTES: usize = 256;
 /// Bitmap state bit: the bitmap is out of date (a full resync is needed).
 pub const BITMAP_STALE: u32 = 1 << 1;
@@ -41,6 +52,8 @@ pub const DEFAULT_DAEMON_SLEEP_SECS: u32 = 5;
 /// A decoded bitmap: header fields plus the bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bitmap {
+    /// 4, or 3 (written back as read).
+    pub version: u32,
     pub uuid: MdUuid,
     pub events: u64,
     pub events_cleared: u64,
@@ -49,6 +62,8 @@ pub struct Bitmap {
     pub chunk_bytes: u32,
     pub daemon_sleep_secs: u32,
     pub sectors_reserved: u32,
+    /// mdadm `--write-behind` (raid1 with write-mostly members), kept as read.
+    pub write_behind: u32,
     /// One bit per chunk (bit i = byte i/8, bit i%8), `chunks()` bits long.
     pub bits: Vec<u8>,
 }
@@ -85,6 +100,7 @@ impl Bitmap {
         let chunk_bytes =
             u32::try_from(chunk).map_err(|_| RaidError::new(ErrorKind::Refused, "array too large for a bitmap"))?;
         let mut bitmap = Bitmap {
+            version: BITMAP_VERSION,
             uuid,
             events,
             events_cleared: events,
@@ -93,6 +109,7 @@ impl Bitmap {
             chunk_bytes,
             daemon_sleep_secs: DEFAULT_DAEMON_SLEEP_SECS,
             sectors_reserved: (space_bytes / 512) as u32,
+            write_behind: 0,
             bits: Vec::new(),
         };
         bitmap.bits = vec![0; bitmap.chunks().div_ceil(8) as usize];
@@ -128,7 +145,7 @@ impl Bitmap {
         let len = (BITMAP_HEADER_BYTES + self.bits.len()).next_multiple_of(512);
         let mut b = vec![0u8; len];
         b[0..4].copy_from_slice(&BITMAP_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&BITMAP_VERSION.to_le_bytes());
+        b[4..8].copy_from_slice(&self.version.to_le_bytes());
         b[8..24].copy_from_slice(&self.uuid.0);
         b[24..32].copy_from_slice(&self.events.to_le_bytes());
         b[32..40].copy_from_slice(&self.events_cleared.to_le_bytes());
@@ -136,13 +153,17 @@ impl Bitmap {
         b[48..52].copy_from_slice(&self.state.to_le_bytes());
         b[52..56].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         b[56..60].copy_from_slice(&self.daemon_sleep_secs.to_le_bytes());
+        b[60..64].copy_from_slice(&self.write_behind.to_le_bytes());
         b[64..68].copy_from_slice(&self.sectors_reserved.to_le_bytes());
         b[BITMAP_HEADER_BYTES..BITMAP_HEADER_BYTES + self.bits.len()].copy_from_slice(&self.bits);
         b
     }
 
     /// Decodes a bitmap read from a member (`bytes` from the bitmap's start; at least the
-    /// header plus the bits). Checks magic, version, uuid and sizes.
+    /// header plus the bits). Checks magic, version, uuid and sizes, and what the kernel
+    /// checks (`md_bitmap_read_sb`: daemon_sleep, write_behind). A bitmap of a kind raidnbd
+    /// does not keep (versions 5 and 6) is an [`ErrorKind::CannotAssemble`] naming it; other
+    /// errors are [`ErrorKind::BadMetadata`] (this member's copy is unusable).
     pub fn decode(bytes: &[u8], uuid: MdUuid) -> Result<Bitmap, RaidError> {
         let bad = |why: String| RaidError::new(ErrorKind::BadMetadata, format!("internal bitmap: {why}"));
         if bytes.len() < BITMAP_HEADER_BYTES {
@@ -152,8 +173,24 @@ impl Bitmap {
             return Err(bad(format!("bad magic {:#x}", le32(bytes, 0))));
         }
         let version = le32(bytes, 4);
-        if version != BITMAP_VERSION {
-            return Err(bad(format!("version {version} is not supported (only 4)")));
+        let unsupported = |what: &str| {
+            RaidError::new(
+                ErrorKind::CannotAssemble,
+                format!("internal bitmap: version {version} is {what}, which raidnbd does not keep"),
+            )
+        };
+        match version {
+            BITMAP_VERSION => {}
+            BITMAP_VERSION_HOSTENDIAN if cfg!(target_endian = "little") => {}
+            BITMAP_VERSION_CLUSTERED => return Err(unsupported("md-cluster's clustered bitmap")),
+            BITMAP_VERSION_LOCKLESS => {
+                return Err(unsupported(
+                    "md's lockless bitmap (mdadm --bitmap=lockless, Linux 6.18 and newer: one byte per chunk); \
+                     assemble this array with mdadm, or remove the bitmap there (mdadm --grow --bitmap=none) to \
+                     serve it here",
+                ));
+            }
+            _ => return Err(bad(format!("version {version} is unknown (md writes 3 to 6)"))),
         }
         let found = MdUuid(bytes[8..24].try_into().expect("16 bytes"));
         if found != uuid {
@@ -163,15 +200,24 @@ impl Bitmap {
         if chunk_bytes < 512 || !chunk_bytes.is_power_of_two() {
             return Err(bad(format!("chunk size {chunk_bytes} is not a power of two >= 512")));
         }
+        let daemon_sleep_secs = le32(bytes, 56);
+        let write_behind = le32(bytes, 60);
+        if daemon_sleep_secs == 0 || write_behind > MAX_WRITE_BEHIND {
+            return Err(bad(format!(
+                "daemon sleep {daemon_sleep_secs} s or write-behind {write_behind} out of range (md refuses it too)"
+            )));
+        }
         let mut bitmap = Bitmap {
+            version,
             uuid,
             events: le64(bytes, 24),
             events_cleared: le64(bytes, 32),
             sync_size_sectors: le64(bytes, 40),
             state: le32(bytes, 48),
             chunk_bytes,
-            daemon_sleep_secs: le32(bytes, 56),
+            daemon_sleep_secs,
             sectors_reserved: le32(bytes, 64),
+            write_behind,
             bits: Vec::new(),
         };
         let bit_bytes = bitmap.chunks().div_ceil(8) as usize;

@@ -227,6 +227,8 @@ pub fn create(
         delta_disks: 0,
         new_layout: 0,
         new_chunk: 0,
+        // As mdadm: not recorded, so Linux 6.18 and older still assemble the array.
+        logical_block_size: 0,
         dev_roles,
         members,
     };

@@ -83,6 +83,9 @@ pub struct ArrayMetadata {
     pub delta_disks: i32,
     pub new_layout: u32,
     pub new_chunk: u32,
+    /// The array's logical block size as Linux 6.19+ records it (0: not recorded): kept as read,
+    /// written back to every member.
+    pub logical_block_size: u32,
     /// `max_dev` entries indexed by `dev_number`.
     pub dev_roles: Vec<DevRole>,
     /// The write journal's tail (sectors from its data offset), kept in the `recovery_offset`
@@ -119,6 +122,7 @@ impl ArrayMetadata {
             delta_disks: sb.delta_disks,
             new_layout: sb.new_layout,
             new_chunk: sb.new_chunk,
+            logical_block_size: sb.logical_block_size,
             dev_roles: sb.dev_roles.clone(),
             journal_tail: 0,
             members: Vec::new(),
@@ -190,8 +194,15 @@ impl ArrayMetadata {
             utime: self.utime,
             events: self.events,
             resync_offset: self.resync_offset,
+            logical_block_size: self.logical_block_size,
             dev_roles: self.dev_roles.clone(),
         }
+    }
+
+    /// The block size clients must address the array in: the one Linux 6.19+ recorded, else
+    /// 512 (as md: members of raidnbd arrays take 512-byte I/O).
+    pub fn logical_block_bytes(&self) -> u32 {
+        self.logical_block_size.max(512)
     }
 
     /// Index into `members` of the device with `dev_number`.

@@ -88,7 +88,7 @@ pub async fn start<M: Member + ?Sized + 'static>(
         );
         forced_read_only = true;
     }
-    let bitmap = read_bitmap(assembly, members).await;
+    let bitmap = read_bitmap(assembly, members).await?;
     let mut builder = builder(assembly, members, bitmap)?;
     for (role, bad) in read_bad_blocks(assembly, members).await? {
         tracing::warn!(role, ranges = ?bad.ranges(), "member has bad blocks: those sectors are never read from it");
@@ -215,10 +215,11 @@ fn journal_config<M: Member + ?Sized>(
 }
 
 /// Reads the internal write-intent bitmap from the first member that has a valid one.
-/// A missing or unreadable bitmap is logged and ignored (a crash then costs a full resync).
-async fn read_bitmap<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>]) -> Option<Bitmap> {
+/// A missing or unreadable bitmap is logged and ignored (a crash then costs a full resync);
+/// a kind raidnbd does not keep (md-cluster's, md's lockless one) stops the start.
+async fn read_bitmap<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>]) -> Result<Option<Bitmap>> {
     let meta = &assembly.metadata;
-    let offset_sectors = i64::from(meta.bitmap_offset()?);
+    let Some(offset_sectors) = meta.bitmap_offset().map(i64::from) else { return Ok(None) };
     for (role, candidate) in assembly.members.iter().enumerate() {
         let Some(c) = *candidate else { continue };
         let Some(index) = assembly.member_index_of_candidate(c) else { continue };
@@ -234,12 +235,17 @@ async fn read_bitmap<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>]
             continue;
         }
         match Bitmap::decode(buf.as_slice(), meta.uuid) {
-            Ok(bitmap) => return Some(bitmap),
+            Ok(bitmap) => return Ok(Some(bitmap)),
+            // A kind of bitmap raidnbd cannot keep: running without it would leave md's copy
+            // behind the data (a later kernel trusts it).
+            Err(e) if e.kind == ErrorKind::CannotAssemble => {
+                return Err(RaidError::new(ErrorKind::CannotAssemble, format!("array {}: {e}", meta.name())));
+            }
             Err(e) => tracing::warn!(role, "{e}"),
         }
     }
     tracing::warn!("the array has an internal bitmap but none could be read: an unclean stop will resync everything");
-    None
+    Ok(None)
 }
 
 /// The bad-block logs of the members that have a non-empty one, as member sectors from

@@ -83,10 +83,12 @@ mod off {
     pub const RESYNC_OFFSET: usize = 208;
     pub const SB_CSUM: usize = 216;
     pub const MAX_DEV: usize = 220;
-    pub const PAD3: usize = 224;
+    /// Linux 6.19+: the array's logical block size (formerly the first 4 bytes of `pad3`).
+    pub const LOGICAL_BLOCK_SIZE: usize = 224;
+    pub const PAD3: usize = 228;
     pub const DEV_ROLES: usize = 256;
 }
-const _: () = assert!(off::SB_CSUM == SB_CSUM_OFFSET && off::DEV_ROLES == HEADER_BYTES && off::PAD3 + 32 == 256);
+const _: () = assert!(off::SB_CSUM == SB_CSUM_OFFSET && off::DEV_ROLES == HEADER_BYTES && off::PAD3 + 28 == 256);
 
 /// `devflags` bit 0: prefer other members for reads.
 pub const DEVFLAG_WRITE_MOSTLY: u8 = 1;
@@ -141,6 +143,9 @@ pub struct Superblock {
     pub events: u64,
     /// `u64::MAX` = clean.
     pub resync_offset: u64,
+    /// The array's logical block size in bytes, which Linux 6.19+ records at the array's
+    /// first run (byte 224, formerly padding); 0: not recorded (older kernels, mdadm, raidnbd).
+    pub logical_block_size: u32,
     /// `max_dev` entries, indexed by `dev_number`.
     pub dev_roles: Vec<DevRole>,
 }
@@ -224,8 +229,19 @@ impl Superblock {
         if data_size < MIN_DATA_SIZE {
             return Err(bad(format!("data_size {data_size} is below the minimum of {MIN_DATA_SIZE} sectors")));
         }
-        if u32_at(bytes, off::PAD0) != 0 || bytes[off::PAD3..off::PAD3 + 32].iter().any(|&b| b != 0) {
-            return Err(bad("non-zero padding (pad0/pad3): written by a newer md with unknown features".into()));
+        if u32_at(bytes, off::PAD0) != 0 || bytes[off::PAD3..off::PAD3 + 28].iter().any(|&b| b != 0) {
+            return Err(bad(
+                "non-zero padding (pad0 at byte 12, pad3 at bytes 228..256): written by an md newer than Linux \
+                 6.19 with features raidnbd does not know"
+                    .into(),
+            ));
+        }
+        let logical_block_size = u32_at(bytes, off::LOGICAL_BLOCK_SIZE);
+        if logical_block_size != 0 && !valid_logical_block_size(logical_block_size) {
+            return Err(bad(format!(
+                "logical_block_size {logical_block_size} (byte 224, written by Linux 6.19+) is not a power of two \
+                 between 512 and {MAX_LOGICAL_BLOCK_SIZE} bytes"
+            )));
         }
         let data_offset = u64_at(bytes, off::DATA_OFFSET);
         let sb_end = super_offset + superblock_sectors(max_dev);
@@ -324,6 +340,7 @@ impl Superblock {
             utime: u64_at(bytes, off::UTIME),
             events: u64_at(bytes, off::EVENTS),
             resync_offset: u64_at(bytes, off::RESYNC_OFFSET),
+            logical_block_size,
             dev_roles,
         })
     }
@@ -373,6 +390,7 @@ impl Superblock {
         put(off::EVENTS, &self.events.to_le_bytes());
         put(off::RESYNC_OFFSET, &self.resync_offset.to_le_bytes());
         put(off::MAX_DEV, &max_dev.to_le_bytes());
+        put(off::LOGICAL_BLOCK_SIZE, &self.logical_block_size.to_le_bytes());
         for (slot, role) in self.dev_roles.iter().enumerate() {
             put(off::DEV_ROLES + 2 * slot, &role.to_raw().to_le_bytes());
         }
@@ -428,14 +446,30 @@ impl Superblock {
         self.feature_map.contains(FeatureMap::RECOVERY_OFFSET).then_some(self.recovery_offset)
     }
 
-    /// Things decode accepted that raidnbd does not act on yet, for the operator's log.
+    /// Things decode accepted that the operator should know, for the log.
     pub fn notices(&self) -> Vec<String> {
         let mut notices = Vec::new();
         if self.feature_map.contains(FeatureMap::REPLACEMENT) {
             notices.push("device is an unfinished replacement; raidnbd treats it as a spare".into());
         }
+        if self.logical_block_size != 0 {
+            notices.push(format!(
+                "the array's logical block size is {} bytes (recorded by Linux 6.19+): Linux 6.18 and older refuse \
+                 this array (\"Some padding is non-zero\") unless md_mod.check_new_feature=0",
+                self.logical_block_size
+            ));
+        }
         notices
     }
+}
+
+/// Largest array logical block size accepted (the largest minimum block size NBD allows).
+pub const MAX_LOGICAL_BLOCK_SIZE: u32 = 64 << 10;
+
+/// Whether `bytes` is a logical block size an array may have: a power of two from 512 to
+/// [`MAX_LOGICAL_BLOCK_SIZE`].
+pub fn valid_logical_block_size(bytes: u32) -> bool {
+    bytes.is_power_of_two() && (512..=MAX_LOGICAL_BLOCK_SIZE).contains(&bytes)
 }
 
 /// Sectors covered by a superblock with `max_dev` roles: `⌈(256 + 2·max_dev) / 512⌉`.

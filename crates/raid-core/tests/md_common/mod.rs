@@ -77,6 +77,7 @@ pub fn raid5_member(dev_number: u32) -> Superblock {
         utime: 1_700_000_100,
         events: 42,
         resync_offset: RESYNC_CLEAN,
+        logical_block_size: 0,
         dev_roles,
     }
 }

@@ -41,7 +41,7 @@ pub trait AwayStore: Send + Sync {
     fn remove(&self) -> IoFuture<'_, io::Result<()>>;
 }
 
-/// How [`Array::track_away`] started.
+/// How [`Admin::track_away`](crate::engine::Admin::track_away) started.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AwayStart {
     /// Not used: the array has a bitmap, no redundancy, no metadata, or is read-only.

@@ -56,7 +56,7 @@ impl MaintenanceWork {
     }
 }
 
-/// What one call of [`Array::maintenance_step`] did.
+/// What one call of [`Maintenance::step`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Nothing to do.

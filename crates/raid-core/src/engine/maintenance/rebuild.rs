@@ -57,7 +57,7 @@ impl<M: Member + ?Sized> Array<M> {
             return Ok(None);
         }
         tracing::info!(role, member = spare.member.name(), "spare takes the failed role: recovery starts");
-        // Installed before it leaves the list (`Array::membership_status` reads spares first).
+        // Installed before it leaves the list (`Admin::membership_status` reads spares first).
         slot.install(spare, Some(0));
         self.members.spares.lock().expect("spares lock").retain(|d| d.id != id);
         self.begin_recovery(role, false);

@@ -16,7 +16,7 @@
 //! The striped write path calls one method, [`WriteHole::write`], once per attempt of a write
 //! whose stripes it has locked and planned; the policy reads and computes the stripes through
 //! [`StripeWork::compute`], protects them, and issues the member writes through
-//! [`Array::write_computed`]. Everything else here is a hook of the array's life: whole-stripe
+//! `Array::write_computed`. Everything else here is a hook of the array's life: whole-stripe
 //! zeroing, flushes, devices joining, start and stop.
 
 mod journal;

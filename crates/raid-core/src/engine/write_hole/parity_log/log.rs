@@ -432,8 +432,10 @@ impl ParityLog {
                     return;
                 }
                 let reading = child.expected.first().is_some_and(|&t| t < horizon);
-                let device_id = array.members.slots[role].device().map(|d| d.id);
-                let unit = (!child.writing && !reading).then(|| self.prepare_header(device_id, &mut child));
+                let unit = (!child.writing && !reading).then(|| {
+                    let device_id = array.members.slots[role].device().map(|d| d.id);
+                    self.prepare_header(device_id, &mut child)
+                });
                 (log.changed.listen(), unit)
             };
             match unit {
