@@ -49,12 +49,28 @@ impl<M: Member + ?Sized> Admin<'_, M> {
         Ok(())
     }
 
+    /// Grows the array onto `members` (new devices, as `add_spare` takes them): md's reshape
+    /// that adds members to a raid4/5/6 (engine/reshape.rs). The reshape is recorded before
+    /// this returns and moves the data in the background (`Maintenance`); the export has its
+    /// new size when it ends.
+    pub async fn grow(&self, members: Vec<Arc<M>>) -> Result<()> {
+        self.array.check_writable("grow")?;
+        let mut devices = Vec::with_capacity(members.len());
+        for member in members {
+            if devices.iter().any(|d: &Device<M>| d.member.name() == member.name()) {
+                return Err(RaidError::new(ErrorKind::Refused, format!("{} is named twice", member.name())));
+            }
+            devices.push(self.new_device(member).await?);
+        }
+        self.array.begin_grow(devices).await
+    }
+
     /// Marks the member called `name` faulty (admin "fail").
     pub async fn fail_member(&self, name: &str) -> Result<()> {
         let role = self
             .array
             .members
-            .slots
+            .slots()
             .iter()
             .position(|s| s.name().as_deref() == Some(name))
             .ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("{name} is not an active member")))?;
@@ -107,7 +123,7 @@ impl<M: Member + ?Sized> Admin<'_, M> {
         let failed_slot = self
             .array
             .members
-            .slots
+            .slots()
             .iter()
             .find(|s| s.state() == SlotState::Faulty && s.name().as_deref() == Some(member.name()));
         if let Some(slot) = failed_slot {
@@ -175,7 +191,7 @@ impl<M: Member + ?Sized> Admin<'_, M> {
             self.array.persist_locked(StateChange::Remove { device: spare.id }).await;
             return Ok(());
         }
-        for slot in &self.array.members.slots {
+        for slot in self.array.members.slots() {
             if slot.name().as_deref() != Some(name) {
                 continue;
             }
@@ -194,7 +210,7 @@ impl<M: Member + ?Sized> Admin<'_, M> {
     /// Checks `member` can hold any role and records it as a new device.
     async fn new_device(&self, member: Arc<M>) -> Result<Device<M>> {
         let data_offset_bytes = self.data_offset_for_new_device();
-        let needed = (0..self.array.members.slots.len())
+        let needed = (0..self.array.members.slots().len())
             .map(|r| self.array.layout().geometry().member_sectors(r))
             .max()
             .unwrap_or(0)
@@ -211,7 +227,7 @@ impl<M: Member + ?Sized> Admin<'_, M> {
             ));
         }
         let name = member.name().to_string();
-        let already = self.array.members.slots.iter().any(|s| s.name().as_deref() == Some(&name))
+        let already = self.array.members.slots().iter().any(|s| s.name().as_deref() == Some(&name))
             || self.array.members.spare_status().iter().any(|(n, _)| *n == name);
         if already {
             return Err(RaidError::new(ErrorKind::Refused, format!("{name} is already part of the array")));
@@ -224,7 +240,7 @@ impl<M: Member + ?Sized> Admin<'_, M> {
     fn data_offset_for_new_device(&self) -> u64 {
         self.array
             .members
-            .slots
+            .slots()
             .iter()
             .filter_map(|s| s.device())
             .chain(self.array.members.spares.lock().expect("spares lock").iter().cloned())
@@ -281,24 +297,24 @@ impl<M: Member + ?Sized> Admin<'_, M> {
 
     /// The bad ranges of `role`'s device (member sectors from its data offset).
     pub fn bad_blocks(&self, role: usize) -> BadRanges {
-        self.array.members.slots.get(role).map(|s| s.bad()).unwrap_or_default()
+        self.array.members.slots().get(role).map(|s| s.bad()).unwrap_or_default()
     }
 
     /// Marks `role` write-mostly (md's `WriteMostly1`) or not.
     pub fn set_write_mostly(&self, role: usize, on: bool) {
-        if let Some(slot) = self.array.members.slots.get(role) {
+        if let Some(slot) = self.array.members.slots().get(role) {
             slot.read_balance.write_mostly.store(on, Ordering::Relaxed);
         }
     }
 
     /// Whether `role` is write-mostly.
     pub fn is_write_mostly(&self, role: usize) -> bool {
-        self.array.members.slots.get(role).is_some_and(|s| s.read_balance.write_mostly.load(Ordering::Relaxed))
+        self.array.members.slots().get(role).is_some_and(|s| s.read_balance.write_mostly.load(Ordering::Relaxed))
     }
 
     /// The mean read latency measured on `role` (`None` before its first read).
     pub fn read_latency(&self, role: usize) -> Option<Duration> {
-        let ns = self.array.members.slots.get(role)?.read_balance.latency_ns();
+        let ns = self.array.members.slots().get(role)?.read_balance.latency_ns();
         (ns > 0).then(|| Duration::from_nanos(ns))
     }
 

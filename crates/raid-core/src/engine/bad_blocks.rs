@@ -32,13 +32,13 @@ use crate::member::Member;
 
 impl<M: Member + ?Sized> Array<M> {
     pub(super) fn any_bad(&self) -> bool {
-        self.members.slots.iter().any(Slot::has_bad)
+        self.members.slots().iter().any(Slot::has_bad)
     }
 
     /// Marks `[member_sector, +sectors)` of `role` bad, durably. If the mark cannot be
     /// recorded the role's member is failed (md does the same) and an error returned.
     pub(super) async fn mark_bad(&self, role: usize, member_sector: u64, sectors: u64) -> Result<()> {
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let Some(device) = slot.device() else { return Ok(()) };
         let recorded = {
             let _g = self.locks.lock(META_LOCK_KEY).await;
@@ -69,7 +69,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// contents it vouches for.
     pub(super) async fn clear_bad(&self, ranges: &[(usize, u64, u64)]) -> Result<()> {
         let touched: Vec<&(usize, u64, u64)> =
-            ranges.iter().filter(|&&(role, s, n)| self.members.slots[role].has_bad_in(s, n)).collect();
+            ranges.iter().filter(|&&(role, s, n)| self.members.slots()[role].has_bad_in(s, n)).collect();
         if touched.is_empty() {
             return Ok(());
         }
@@ -79,7 +79,7 @@ impl<M: Member + ?Sized> Array<M> {
         roles.sort_unstable();
         roles.dedup();
         for role in roles {
-            let slot = &self.members.slots[role];
+            let slot = &self.members.slots()[role];
             let Some(device) = slot.device() else { continue };
             let mut bad = slot.bad();
             let mut changed = false;
@@ -100,7 +100,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// was copied from that device, and could not copy what the device did not hold. The
     /// caller holds the metadata lock.
     pub(super) async fn inherit_bad_locked(&self, role: usize, bad: BadRanges) {
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let Some(device) = slot.device().filter(|_| !bad.is_empty()) else { return };
         slot.set_bad(bad.clone());
         self.persist_locked(StateChange::BadBlocks { device: device.id, ranges: bad.ranges().to_vec() }).await;
@@ -115,7 +115,7 @@ impl<M: Member + ?Sized> Array<M> {
             .iter()
             .chain([&layout.p_role])
             .chain(layout.q_role.as_ref())
-            .map(|&r| &self.members.slots[r])
+            .map(|&r| &self.members.slots()[r])
             .filter(|slot| slot.has_bad_in(member_sector, sectors))
             .flat_map(|slot| {
                 slot.bad().cuts(member_sector, end).map(|c| (c - member_sector) as u32).collect::<Vec<_>>()

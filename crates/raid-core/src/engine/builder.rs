@@ -171,7 +171,7 @@ impl<M: Member + ?Sized> ArrayBuilder<M> {
         };
         let members = Membership::new(self.members);
         let missing: Vec<usize> =
-            (0..members.slots.len()).filter(|&r| members.slots[r].state() == SlotState::Missing).collect();
+            (0..members.slots().len()).filter(|&r| members.slots()[r].state() == SlotState::Missing).collect();
         if !shape.survives(&missing) {
             return Err(cannot(format!("{} cannot run with roles {missing:?} missing", geometry.level())));
         }
@@ -188,12 +188,12 @@ impl<M: Member + ?Sized> ArrayBuilder<M> {
         }
         members.add_spares(self.spares);
         for (role, bad) in self.bad_blocks {
-            if let Some(slot) = members.slots.get(role) {
+            if let Some(slot) = members.slots().get(role) {
                 slot.set_bad(bad);
             }
         }
         for role in self.write_mostly {
-            if let Some(slot) = members.slots.get(role) {
+            if let Some(slot) = members.slots().get(role) {
                 slot.read_balance.write_mostly.store(true, Ordering::Relaxed);
             }
         }

@@ -98,7 +98,7 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     pub(crate) async fn read_member(&self, role: usize, member_sector: u64, sectors: u64) -> io::Result<AlignedBuf> {
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         let started = std::time::Instant::now();
         let read = read_device(&device, member_sector, sectors, &slot.inflight_read_bytes).await;
@@ -118,7 +118,7 @@ impl<M: Member + ?Sized> Array<M> {
         fua: bool,
     ) -> io::Result<()> {
         debug_assert_eq!(buf.len() as u64 % SECTOR_BYTES, 0);
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         if let Some(replacement) = slot.replacement() {
             let copy = buf.clone();
@@ -144,7 +144,7 @@ impl<M: Member + ?Sized> Array<M> {
         fua: bool,
     ) -> io::Result<()> {
         debug_assert_eq!(data.len() as u64 % SECTOR_BYTES, 0);
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         if slot.replacement().is_some() {
             return self.write_member(role, member_sector, AlignedBuf::from_slice(data), fua).await;
         }
@@ -160,7 +160,7 @@ impl<M: Member + ?Sized> Array<M> {
         sectors: u64,
         deallocate: bool,
     ) -> io::Result<()> {
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         if let Some(replacement) = slot.replacement() {
             let (primary, second) = futures::join!(
@@ -177,7 +177,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Current read load of a role, for choosing between copies.
     pub(crate) fn read_load(&self, role: usize) -> u64 {
-        self.members.slots[role].inflight_read_bytes.load(Ordering::Relaxed)
+        self.members.slots()[role].inflight_read_bytes.load(Ordering::Relaxed)
     }
 }
 

@@ -13,11 +13,17 @@ use futures::future::join_all;
 use super::slot::{self, Device, RoleMember, Slot, SlotState};
 use super::{Array, META_LOCK_KEY, RoleStatus, StateChange, SuperblockWrite};
 use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::MAX_RAID_DISKS;
 use crate::member::Member;
 
 /// The roles and the devices without one.
+///
+/// Slots exist for [`MAX_RAID_DISKS`] roles from the start, so that a reshape can give the
+/// array more roles while requests run; `roles` says how many are in use (the most any
+/// layout of the shape has), and [`Membership::slots`] hands out only those.
 pub(super) struct Membership<M: Member + ?Sized> {
-    pub(super) slots: Vec<Slot<M>>,
+    slots: Box<[Slot<M>]>,
+    roles: AtomicUsize,
     /// Devices that belong to the array without a role.
     pub(super) spares: Mutex<Vec<Device<M>>>,
     pub(super) next_device_id: AtomicUsize,
@@ -27,14 +33,51 @@ impl<M: Member + ?Sized> Membership<M> {
     /// The roles from the members serving them (`None` = missing); device ids continue after
     /// the highest one in use.
     pub(super) fn new(members: Vec<Option<RoleMember<M>>>) -> Self {
-        let slots: Vec<Slot<M>> = members.into_iter().map(Slot::new).collect();
+        let roles = members.len();
+        assert!(roles <= MAX_RAID_DISKS, "{roles} roles, at most {MAX_RAID_DISKS}");
+        let mut members = members.into_iter();
+        let slots: Box<[Slot<M>]> = (0..MAX_RAID_DISKS).map(|_| Slot::new(members.next().flatten())).collect();
         let next = slots.iter().filter_map(|s| s.device().map(|d| d.id + 1)).max().unwrap_or(0);
-        Self { slots, spares: Mutex::new(Vec::new()), next_device_id: AtomicUsize::new(next) }
+        Self {
+            slots,
+            roles: AtomicUsize::new(roles),
+            spares: Mutex::new(Vec::new()),
+            next_device_id: AtomicUsize::new(next),
+        }
+    }
+
+    /// The slots of the roles in use.
+    pub(super) fn slots(&self) -> &[Slot<M>] {
+        &self.slots[..self.roles.load(Ordering::Acquire)]
+    }
+
+    /// A reshape that adds roles: `devices` take the roles from the ones in use on, in sync
+    /// (the new layout addresses them only where it has written them), then the array has
+    /// that many more roles. Requests of a shape with fewer roles never address them.
+    pub(super) fn add_roles(&self, devices: Vec<Device<M>>) {
+        let first = self.roles.load(Ordering::Acquire);
+        let roles = first + devices.len();
+        assert!(roles <= MAX_RAID_DISKS, "{roles} roles, at most {MAX_RAID_DISKS}");
+        for (slot, device) in self.slots[first..roles].iter().zip(devices) {
+            slot.install(device, None);
+        }
+        self.roles.store(roles, Ordering::Release);
+    }
+
+    /// Moves the data origin of every device (roles and spares) by `delta_bytes`. Only while no
+    /// request runs (a paused shape): requests add it to every member address.
+    pub(super) fn move_origins(&self, delta_bytes: i64) {
+        for slot in self.slots() {
+            slot.move_origin(delta_bytes);
+        }
+        for spare in self.spares.lock().expect("spares lock").iter_mut() {
+            spare.move_origin(delta_bytes);
+        }
     }
 
     /// The slot of `role`, or a refusal naming it.
     pub(super) fn role(&self, role: usize) -> Result<&Slot<M>> {
-        self.slots.get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))
+        self.slots().get(role).ok_or_else(|| RaidError::new(ErrorKind::Refused, format!("no role {role}")))
     }
 
     /// Adds devices that are already spares (found at assembly).
@@ -46,18 +89,18 @@ impl<M: Member + ?Sized> Membership<M> {
 
     /// Whether every role is in sync.
     pub(super) fn is_optimal(&self) -> bool {
-        self.slots.iter().all(|s| s.state() == SlotState::InSync)
+        self.slots().iter().all(|s| s.state() == SlotState::InSync)
     }
 
     /// Roles that are faulty or missing.
     pub(super) fn failed_roles(&self) -> Vec<usize> {
-        (0..self.slots.len())
-            .filter(|&r| matches!(self.slots[r].state(), SlotState::Faulty | SlotState::Missing))
+        (0..self.slots().len())
+            .filter(|&r| matches!(self.slots()[r].state(), SlotState::Faulty | SlotState::Missing))
             .collect()
     }
 
     pub(super) fn role_status(&self) -> Vec<RoleStatus> {
-        self.slots
+        self.slots()
             .iter()
             .enumerate()
             .map(|(role, s)| {
@@ -85,7 +128,7 @@ impl<M: Member + ?Sized> Membership<M> {
 
     /// The live device with `id`: a role's device (unless faulty), a replacement, or a spare.
     pub(super) fn device_by_id(&self, id: usize) -> Option<Device<M>> {
-        for slot in &self.slots {
+        for slot in self.slots() {
             if let Some(d) = slot.device().filter(|d| d.id == id) {
                 return slot.is_writable().then_some(d);
             }
@@ -98,7 +141,7 @@ impl<M: Member + ?Sized> Membership<M> {
 
     /// Whether `id` is the device of some role (for mapping superblock write failures).
     pub(super) fn role_of_device(&self, id: usize) -> Option<usize> {
-        self.slots.iter().position(|s| s.device().is_some_and(|d| d.id == id))
+        self.slots().iter().position(|s| s.device().is_some_and(|d| d.id == id))
     }
 }
 
@@ -106,7 +149,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Records that a member I/O failed: marks it faulty (redundant levels) and makes
     /// that durable before returning.
     pub(super) async fn member_failed(&self, role: usize, error: &stdio::Error, what: &str) {
-        let name = self.members.slots[role].name().unwrap_or_else(|| "?".into());
+        let name = self.members.slots()[role].name().unwrap_or_else(|| "?".into());
         if !self.has_redundancy() {
             tracing::error!(member = name, role, %error, "{what} failed");
             return;
@@ -119,7 +162,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Marks the device of `role` faulty (`why`) and records it durably. If a replacement
     /// was being built for the role, it takes over as a recovering member.
     pub(super) async fn mark_faulty(&self, role: usize, why: &str) {
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         if !slot.set_faulty() {
             return;
         }
@@ -150,7 +193,7 @@ impl<M: Member + ?Sized> Array<M> {
         replacement: &slot::Replacement<M>,
         error: &stdio::Error,
     ) {
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let still = slot.replacement().is_some_and(|r| r.device.id == replacement.device.id);
         if !still {
             return;
@@ -238,14 +281,14 @@ impl<M: Member + ?Sized> Array<M> {
                         d.member.retire(&format!("superblock write failed: {e}"));
                     }
                     match self.members.role_of_device(device) {
-                        Some(role) if self.members.slots[role].set_faulty() => {
+                        Some(role) if self.members.slots()[role].set_faulty() => {
                             self.away_begin(Some(events_before));
                             pending.push(StateChange::Faulty { device })
                         }
                         Some(_) => {}
                         None => {
                             self.members.spares.lock().expect("spares lock").retain(|d| d.id != device);
-                            for slot in &self.members.slots {
+                            for slot in self.members.slots() {
                                 if slot.replacement().is_some_and(|r| r.device.id == device) {
                                     slot.set_replacement(None);
                                 }

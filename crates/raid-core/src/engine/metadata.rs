@@ -51,6 +51,23 @@ pub enum StateChange {
     JournalTail { sectors: u64 },
     /// Write-intent bitmap bits to set / clear (resync chunks); no new event count.
     Bitmap { set: Vec<u64>, clear: Vec<u64> },
+    /// A reshape begins (md's `raid5_start_reshape`): the array has `raid_disks` roles from now
+    /// (the devices of `new_roles`, `(device, role)`, take theirs in sync), the new layout and
+    /// chunk, every device's data start moves by `offset_delta_sectors` (md's `new_offset`), and
+    /// the front is at `position_sectors` (array sectors, md's `reshape_position`).
+    ReshapeStart {
+        raid_disks: usize,
+        new_roles: Vec<(usize, usize)>,
+        new_layout: u32,
+        new_chunk_sectors: u32,
+        offset_delta_sectors: i64,
+        position_sectors: u64,
+    },
+    /// The reshape's front is at `position_sectors`: everything below it is in the new layout,
+    /// durably (the member writes were flushed before).
+    ReshapeProgress { position_sectors: u64 },
+    /// The reshape finished: the new layout, chunk and data offsets are the array's.
+    ReshapeEnd,
     /// The device's bad blocks are now `ranges` (member sectors from the data offset, as
     /// `(start, len)`): md's bad-block log. A store without room for them refuses.
     BadBlocks { device: usize, ranges: Vec<(u64, u64)> },
@@ -68,6 +85,9 @@ pub struct SuperblockWrite {
 pub struct MetadataSummary {
     pub uuid: [u8; 16],
     pub events: u64,
+    /// Sectors free before the data on every device (where a reshape can move the data
+    /// start: md's `new_offset`); `None` when the store does not know.
+    pub headroom_sectors: Option<u64>,
     /// The bitmap's events_cleared: a returning member whose events are at least this only
     /// needs the chunks dirty in the bitmap copied (md's re-add).
     pub bitmap_events_cleared: Option<u64>,

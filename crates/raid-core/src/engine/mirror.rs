@@ -38,11 +38,11 @@ impl<M: Member + ?Sized> Array<M> {
         let mut out = ReadAssembler::new(len_bytes);
         // (array sector, sectors, offset in request)
         let mut todo = vec![(start_sector, len_bytes as u64 / SECTOR_BYTES, 0usize)];
-        for _attempt in 0..=self.members.slots.len() {
+        for _attempt in 0..=self.members.slots().len() {
             if todo.is_empty() {
                 return Ok(out.finish());
             }
-            let mut planned = vec![0u64; self.members.slots.len()];
+            let mut planned = vec![0u64; self.members.slots().len()];
             let mut pieces = Vec::new();
             for (sector, sectors, req_offset) in todo.drain(..) {
                 self.plan_mirror_reads(layout, sector, sectors, req_offset, &mut planned, &mut pieces)?;
@@ -73,7 +73,7 @@ impl<M: Member + ?Sized> Array<M> {
             return Ok(None);
         }
         let mut pieces = Vec::new();
-        let mut planned = vec![0u64; self.members.slots.len()];
+        let mut planned = vec![0u64; self.members.slots().len()];
         let start_sector = offset_bytes / SECTOR_BYTES;
         let sectors = len_bytes as u64 / SECTOR_BYTES;
         if self.plan_mirror_reads(layout, start_sector, sectors, 0, &mut planned, &mut pieces).is_err() {
@@ -124,7 +124,7 @@ impl<M: Member + ?Sized> Array<M> {
     ) -> Option<Vec<FileExtent>> {
         let mut extents: Vec<FileExtent> = Vec::with_capacity(pieces.len());
         for piece in pieces {
-            let slot = &self.members.slots[piece.role];
+            let slot = &self.members.slots()[piece.role];
             let device = slot.device()?;
             let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
             let len = piece.sectors * SECTOR_BYTES;
@@ -165,7 +165,11 @@ impl<M: Member + ?Sized> Array<M> {
                 run = run.min(MIRROR_READ_SPLIT_SECTORS - sector % MIRROR_READ_SPLIT_SECTORS);
             }
             let readable: Vec<&Extent> = self.read_candidates(
-                mapped.copies.iter().filter(|c| self.members.slots[c.role].is_readable(c.member_sector, run)).collect(),
+                mapped
+                    .copies
+                    .iter()
+                    .filter(|c| self.members.slots()[c.role].is_readable(c.member_sector, run))
+                    .collect(),
             );
             let load = |c: &Extent| self.read_load(c.role) + planned[c.role];
             let region = match level {
@@ -270,7 +274,7 @@ impl<M: Member + ?Sized> Array<M> {
             let run = mapped.len_sectors.min(end - sector);
             let req_offset_bytes = ((sector - start_sector) * SECTOR_BYTES) as usize;
             let before = pieces.len();
-            for c in mapped.copies.iter().filter(|c| self.members.slots[c.role].is_writable()) {
+            for c in mapped.copies.iter().filter(|c| self.members.slots()[c.role].is_writable()) {
                 pieces.push(Piece { role: c.role, member_sector: c.member_sector, sectors: run, req_offset_bytes });
             }
             if pieces.len() == before {

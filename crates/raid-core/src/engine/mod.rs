@@ -48,6 +48,7 @@ mod mirror;
 mod quiesce;
 mod read_assembler;
 mod read_balance;
+mod reshape;
 mod shape;
 mod slot;
 mod stripe_compute;
@@ -324,11 +325,13 @@ impl<M: Member + ?Sized> Array<M> {
     pub(crate) async fn flush_members(&self) -> Result<()> {
         let flush_number = self.write_hole.member_flush_started();
         let away_epoch = self.away.get().map(away::AwayRecord::flush_started);
-        let live: Vec<usize> = (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
-        let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> =
-            (0..self.members.slots.len()).filter_map(|r| self.members.slots[r].replacement().map(|x| (r, x))).collect();
+        let live: Vec<usize> =
+            (0..self.members.slots().len()).filter(|&r| self.members.slots()[r].is_writable()).collect();
+        let replacements: Vec<(usize, std::sync::Arc<slot::Replacement<M>>)> = (0..self.members.slots().len())
+            .filter_map(|r| self.members.slots()[r].replacement().map(|x| (r, x)))
+            .collect();
         let (results, replacement_results) = futures::join!(
-            join_all(live.iter().map(|&r| async move { self.members.slots[r].member().flush().await })),
+            join_all(live.iter().map(|&r| async move { self.members.slots()[r].member().flush().await })),
             join_all(replacements.iter().map(|(_, x)| x.device.member.flush()))
         );
         for (&role, res) in live.iter().zip(results) {

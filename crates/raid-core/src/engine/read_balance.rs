@@ -75,7 +75,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Narrows the readable copies of a piece to those a read should use: not write-mostly
     /// (unless all are), and not much slower than the fastest (unless probing).
     pub(super) fn read_candidates<'a>(&self, readable: Vec<&'a Extent>) -> Vec<&'a Extent> {
-        let balance = |c: &Extent| &self.members.slots[c.role].read_balance;
+        let balance = |c: &Extent| &self.members.slots()[c.role].read_balance;
         let preferred: Vec<&Extent> =
             readable.iter().copied().filter(|c| !balance(c).write_mostly.load(Ordering::Relaxed)).collect();
         let copies = if preferred.is_empty() { readable } else { preferred };

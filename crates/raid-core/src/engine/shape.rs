@@ -17,10 +17,10 @@
 //!
 //! Versions: every change installs a new `Shape` with a higher version ([`ShapeCell::install`]):
 //! a reshape beginning, the front moving, a reshape ending, a takeover (a level change that
-//! moves no data). A request keeps the shape it entered with until it completes; a change
-//! that moves data first waits until no request holds an older version
-//! ([`ShapeCell::drain_before`]), and a window closes only when no request in flight
-//! touches it ([`ShapeCell::close_window`]).
+//! moves no data). A request keeps the shape it entered with until it completes; a window
+//! closes only when no request in flight touches it ([`ShapeCell::close_window`]), and a
+//! change of the devices' data origin happens while no request runs at all
+//! ([`ShapeCell::pause`]).
 //!
 //! Invariants (asserted): versions only grow; the front only moves in the reshape's direction,
 //! never past the window; a settled layout has no shift (a finished reshape moves the data
@@ -28,7 +28,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use event_listener::Event;
@@ -127,9 +127,6 @@ pub struct Shape {
     version: u64,
     layout: Arc<Layout>,
     reshape: Option<Reshape>,
-    /// Requests in flight that entered with this shape.
-    in_flight: AtomicUsize,
-    released: Event,
 }
 
 impl Shape {
@@ -157,7 +154,7 @@ impl Shape {
                 r.front_sectors
             );
         }
-        Self { version, layout, reshape, in_flight: AtomicUsize::new(0), released: Event::new() }
+        Self { version, layout, reshape }
     }
 
     pub fn version(&self) -> u64 {
@@ -262,6 +259,23 @@ pub(crate) struct ShapeCell {
     gate_changed: Event,
     /// Highest version installed (asserts that versions only grow).
     last_version: AtomicU64,
+    /// New requests wait (`pause`): the devices' data origin is being moved.
+    paused: AtomicBool,
+    /// Requests in flight, of every version; `idle` fires when it reaches 0.
+    in_flight: AtomicUsize,
+    idle: Event,
+}
+
+/// While held, no request runs (see [`ShapeCell::pause`]); dropping it lets them go on.
+pub(crate) struct Paused<'a> {
+    cell: &'a ShapeCell,
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.cell.paused.store(false, Ordering::SeqCst);
+        self.cell.gate_changed.notify(usize::MAX);
+    }
 }
 
 /// A request in flight: its parts, and its place in the shape it entered with. Dropping it
@@ -279,8 +293,8 @@ impl Drop for Entered<'_> {
             self.cell.gate.lock().expect("shape gate").in_flight.remove(&key);
             self.cell.gate_changed.notify(usize::MAX);
         }
-        if self.shape.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.shape.released.notify(usize::MAX);
+        if self.cell.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.cell.idle.notify(usize::MAX);
         }
     }
 }
@@ -293,6 +307,9 @@ impl ShapeCell {
             gate: Mutex::new(Gate::default()),
             gate_changed: Event::new(),
             last_version: AtomicU64::new(version),
+            paused: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle: Event::new(),
         }
     }
 
@@ -305,9 +322,19 @@ impl ShapeCell {
     pub async fn enter(&self, start: u64, sectors: u64) -> Entered<'_> {
         loop {
             let shape = self.load();
-            shape.in_flight.fetch_add(1, Ordering::AcqRel);
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
             let parts = shape.parts(start, sectors);
             let mut entered = Entered { cell: self, shape, parts, ticket: None };
+            if self.paused.load(Ordering::SeqCst) {
+                // Counted in first, then checked: `pause` either sees this request or it sees
+                // the pause (both sequentially consistent).
+                let listener = self.gate_changed.listen();
+                drop(entered);
+                if self.paused.load(Ordering::SeqCst) {
+                    listener.await;
+                }
+                continue;
+            }
             if entered.shape.reshape.is_none() {
                 return entered;
             }
@@ -329,8 +356,22 @@ impl ShapeCell {
         }
     }
 
+    /// Stops new requests and waits until none is in flight (of any version): what moves the
+    /// devices' data origin (a reshape starting) happens while the result is held.
+    pub async fn pause(&self) -> Paused<'_> {
+        let was = self.paused.swap(true, Ordering::SeqCst);
+        assert!(!was, "one pause at a time");
+        let paused = Paused { cell: self };
+        loop {
+            let listener = self.idle.listen();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return paused;
+            }
+            listener.await;
+        }
+    }
+
     /// Installs `next` (a higher version) and returns the shape it replaces.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the reshape mover (issue 34) is their caller; tested here"))]
     pub fn install(&self, next: Shape) -> Arc<Shape> {
         let before = self.last_version.fetch_max(next.version, Ordering::AcqRel);
         assert!(next.version > before, "shape version {} after {before}: versions only grow", next.version);
@@ -351,26 +392,12 @@ impl ShapeCell {
     }
 
     /// A new version of the current shape: the same layouts, `reshape` as given.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the reshape mover (issue 34) is their caller; tested here"))]
     pub fn next_shape(&self, layout: Arc<Layout>, reshape: Option<Reshape>) -> Shape {
         Shape::new(self.last_version.load(Ordering::Acquire) + 1, layout, reshape)
     }
 
-    /// Waits until no request that entered with `old` (or an older shape) is in flight.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the reshape mover (issue 34) is their caller; tested here"))]
-    pub async fn drain_before(&self, old: &Arc<Shape>) {
-        loop {
-            let listener = old.released.listen();
-            if old.in_flight.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            listener.await;
-        }
-    }
-
     /// Closes `window` (next to the front, on the side not yet reshaped): new requests that
     /// touch it wait, and this returns once none in flight does.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the reshape mover (issue 34) is their caller; tested here"))]
     pub async fn close_window(&self, window: Range<u64>) {
         {
             let shape = self.load();
@@ -394,7 +421,6 @@ impl ShapeCell {
     }
 
     /// Opens the window again (after the front moved over it, or the step gave up).
-    #[cfg_attr(not(test), expect(dead_code, reason = "the reshape mover (issue 34) is their caller; tested here"))]
     pub fn open_window(&self) {
         self.gate.lock().expect("shape gate").window = None;
         self.gate_changed.notify(usize::MAX);
@@ -474,15 +500,25 @@ mod tests {
     }
 
     #[test]
-    fn a_change_waits_for_requests_of_the_shape_before() {
-        let cell = ShapeCell::new(Shape::settled(Layout::settled(raid5(4))));
-        let e = block_on(cell.enter(0, 8));
+    fn a_pause_waits_for_every_request_and_holds_new_ones() {
+        let cell = reshaping(1536);
+        let old = block_on(cell.enter(0, 8));
+        let previous = cell.load().reshape().unwrap().previous.clone();
         let layout = cell.load().layout().clone();
-        let old = cell.install(cell.next_shape(layout, None));
-        let mut drain = pin!(cell.drain_before(&old));
-        assert!(poll_once(drain.as_mut()).is_pending());
-        drop(e);
-        assert!(poll_once(drain.as_mut()).is_ready());
+        cell.install(
+            cell.next_shape(layout, Some(Reshape { previous, front_sectors: 2048, direction: Direction::Forward })),
+        );
+        let newer = block_on(cell.enter(4000, 8));
+        let mut pause = pin!(cell.pause());
+        assert!(poll_once(pause.as_mut()).is_pending(), "requests of two versions in flight");
+        drop(newer);
+        assert!(poll_once(pause.as_mut()).is_pending(), "one of an older version still in flight");
+        drop(old);
+        let Poll::Ready(paused) = poll_once(pause.as_mut()) else { panic!("nothing in flight") };
+        let mut held = pin!(cell.enter(0, 8));
+        assert!(poll_once(held.as_mut()).is_pending(), "new requests wait while paused");
+        drop(paused);
+        assert!(poll_once(held.as_mut()).is_ready());
     }
 
     #[test]

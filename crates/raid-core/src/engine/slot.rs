@@ -73,6 +73,17 @@ pub struct Device<M: ?Sized> {
     pub data_offset_bytes: u64,
 }
 
+impl<M: ?Sized> Device<M> {
+    /// Moves where the data starts by `delta_bytes`.
+    ///
+    /// # Panics
+    /// If the data start would leave the device's address range.
+    pub fn move_origin(&mut self, delta_bytes: i64) {
+        self.data_offset_bytes =
+            self.data_offset_bytes.checked_add_signed(delta_bytes).expect("a data origin inside the device");
+    }
+}
+
 impl<M: ?Sized> Clone for Device<M> {
     fn clone(&self) -> Self {
         Device { id: self.id, member: self.member.clone(), data_offset_bytes: self.data_offset_bytes }
@@ -155,6 +166,15 @@ impl<M: Member + ?Sized> Slot<M> {
             }
             None => self.set_in_sync(),
         }
+    }
+
+    /// Moves where the device's data starts by `delta_bytes` (a reshape starting moves every
+    /// device's data origin to the new data start, below both layouts).
+    pub fn move_origin(&self, delta_bytes: i64) {
+        if let Some(d) = self.device.write().expect("slot lock").as_mut() {
+            d.move_origin(delta_bytes);
+        }
+        debug_assert!(self.replacement().is_none(), "no replacement is built while the array reshapes");
     }
 
     /// Takes the device out of the role, which becomes missing.

@@ -93,7 +93,7 @@ impl<M: Member + ?Sized> Array<M> {
                 sectors: run,
                 req_offset_bytes: ((sector - start_sector) * SECTOR_BYTES) as usize,
             };
-            if self.members.slots[copy.role].is_readable(copy.member_sector, run) {
+            if self.members.slots()[copy.role].is_readable(copy.member_sector, run) {
                 direct.push(piece);
             } else {
                 degraded.push(piece);
@@ -184,9 +184,9 @@ impl<M: Member + ?Sized> Array<M> {
         let nblocks = stripe_layout.data_roles.len() + np;
         let member_sector = layout.stripe_member_sector(stripe) + u64::from(rows.0);
         let sectors = u64::from(rows.1 - rows.0);
-        for _attempt in 0..=self.members.slots.len() {
+        for _attempt in 0..=self.members.slots().len() {
             let readable: Vec<usize> = (0..nblocks)
-                .filter(|&b| self.members.slots[block_role(&stripe_layout, b)].is_readable(member_sector, sectors))
+                .filter(|&b| self.members.slots()[block_role(&stripe_layout, b)].is_readable(member_sector, sectors))
                 .collect();
             let missing: Vec<usize> = (0..nblocks).filter(|b| !readable.contains(b)).collect();
             if missing.len() > np {

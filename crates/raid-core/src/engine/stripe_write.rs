@@ -89,7 +89,7 @@ impl ComputedJob {
         self.blocks
             .into_iter()
             .map(|(b, buf)| MemberWrite { role: block_role(layout, b), member_sector, buf })
-            .filter(|w| array.members.slots[w.role].is_writable())
+            .filter(|w| array.members.slots()[w.role].is_writable())
             .collect()
     }
 }
@@ -196,7 +196,7 @@ impl<M: Member + ?Sized> Array<M> {
         let _intent =
             self.intent_begin(pg.stripe_member_sector(first.stripe)..pg.stripe_member_sector(last.stripe + 1)).await?;
         let rules = self.write_rules();
-        for _attempt in 0..=self.members.slots.len() {
+        for _attempt in 0..=self.members.slots().len() {
             let jobs = self.plan_jobs(layout, writes, &stripe_layouts, &rules)?;
             // Bad ranges these writes make right (cleared once they are done).
             let clears: Vec<(usize, u64, u64)> = match self.any_bad() {
@@ -217,7 +217,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// The write rules of the array's write-hole policy.
     pub(super) fn write_rules(&self) -> WriteRules {
-        self.write_hole.rules(self.members.slots.len())
+        self.write_hole.rules(self.members.slots().len())
     }
 
     /// Reads what `work`'s jobs need and computes their new blocks (see
@@ -255,7 +255,7 @@ impl<M: Member + ?Sized> Array<M> {
             .into_iter()
             .map(|job| {
                 let (write, sl) = (&writes[job.write], &stripe_layouts[job.write]);
-                let want_pp = partial_parity && self.members.slots[sl.p_role].is_writable();
+                let want_pp = partial_parity && self.members.slots()[sl.p_role].is_writable();
                 compute_job(job, write, sl, np, src, want_pp)
             })
             .collect();
@@ -317,7 +317,7 @@ impl<M: Member + ?Sized> Array<M> {
         let mut jobs = Vec::new();
         for (i, w) in writes.iter().enumerate() {
             let sl = &stripe_layouts[i];
-            let dead = (0..dd + np).filter(|&b| !self.members.slots[block_role(sl, b)].is_writable()).count();
+            let dead = (0..dd + np).filter(|&b| !self.members.slots()[block_role(sl, b)].is_writable()).count();
             if dead > np {
                 return Err(RaidError::new(
                     ErrorKind::ArrayFailed,
@@ -350,14 +350,14 @@ impl<M: Member + ?Sized> Array<M> {
             for seg in pieces {
                 let member_sector = stripe_sector + u64::from(seg.rows.0);
                 let sectors = u64::from(seg.rows.1 - seg.rows.0);
-                let readable = |b: usize| self.members.slots[block_role(sl, b)].is_readable(member_sector, sectors);
+                let readable = |b: usize| self.members.slots()[block_role(sl, b)].is_readable(member_sector, sectors);
                 let written = |k: usize| seg.written & (1 << k) != 0;
                 let unreadable_data = (0..dd).filter(|&k| !readable(k)).fold(0u64, |m, k| m | 1 << k);
                 let readable_parity: Vec<usize> = (dd..dd + np).filter(|&b| readable(b)).collect();
                 // Parity on a writable member must be recomputed from all data when it was not
                 // resynced since an unclean stop (as md), or when it is being rebuilt here: that
                 // stripe may already be rebuilt, and must get the new parity.
-                let writable = |b: usize| self.members.slots[block_role(sl, b)].is_writable();
+                let writable = |b: usize| self.members.slots()[block_role(sl, b)].is_writable();
                 let recompute_parity = (dd..dd + np).any(writable)
                     && ((dd..dd + np).any(|b| writable(b) && !readable(b)) || !self.stripe_synced(w.stripe));
                 let mut mode = choose_mode(dd, seg.written, unreadable_data, readable_parity.len(), recompute_parity);
@@ -369,7 +369,7 @@ impl<M: Member + ?Sized> Array<M> {
                     Mode::Degraded => (0..dd + np).filter(|&b| readable(b)).collect(),
                 };
                 let parity_bad = (dd..dd + np)
-                    .all(|b| !writable(b) || self.members.slots[block_role(sl, b)].all_bad(member_sector, sectors));
+                    .all(|b| !writable(b) || self.members.slots()[block_role(sl, b)].all_bad(member_sector, sectors));
                 if mode == Mode::Degraded && dd + np - reads.len() > np && parity_bad && rules.data_only {
                     mode = Mode::DataOnly;
                     reads.clear();

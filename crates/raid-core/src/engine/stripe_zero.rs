@@ -67,7 +67,7 @@ impl<M: Member + ?Sized> Array<M> {
         let _intent = self.intent_begin(pg.stripe_member_sector(stripe)..pg.stripe_member_sector(stripe + n)).await?;
         let _protected = self.write_hole.protect_zeroing(self, layout, stripe..stripe + n).await?;
         let roles: Vec<usize> =
-            (0..self.members.slots.len()).filter(|&r| self.members.slots[r].is_writable()).collect();
+            (0..self.members.slots().len()).filter(|&r| self.members.slots()[r].is_writable()).collect();
         let first_row = layout.stripe_member_sector(stripe);
         let results = join_all(roles.iter().map(|&r| self.zero_member(r, first_row, n * chunk, deallocate))).await;
         for (&role, res) in roles.iter().zip(results) {

@@ -352,7 +352,14 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
 
     let mut metadata = ArrayMetadata::from_superblock(fresh);
     let member_candidates: Vec<usize> = members.iter().flatten().chain(&spares).chain(&journal).copied().collect();
-    metadata.members = member_candidates.iter().map(|&i| ArrayMetadata::member_from_superblock(sbs[i])).collect();
+    metadata.members = member_candidates
+        .iter()
+        .map(|&i| {
+            let mut member = ArrayMetadata::member_from_superblock(sbs[i]);
+            member.catch_up_with_reshape(sbs[i], fresh);
+            member
+        })
+        .collect();
     if let Some(j) = journal {
         metadata.journal_tail = sbs[j].recovery_offset;
         metadata.members.last_mut().expect("the journal's record").recovery_offset = None;
@@ -361,6 +368,17 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
     if journal_missing {
         notices.push(format!(
             "{array_name} has a write journal that is missing or stale: it is served read-only (as md does)"
+        ));
+    }
+    if let Some(reshape) = metadata.reshape_state().map_err(|e| cannot(format!("cannot assemble {e}")))? {
+        notices.push(format!(
+            "{array_name} is being reshaped from {} to {} members ({} of {} array sectors done); serving it              continues the reshape",
+            reshape.previous_raid_disks,
+            metadata.raid_disks,
+            reshape.position_sectors,
+            fresh.size / u64::from(metadata.chunk_sectors.max(reshape.new_chunk_sectors).max(1))
+                * u64::from(metadata.chunk_sectors.max(reshape.new_chunk_sectors))
+                * (u64::from(metadata.raid_disks) - level.parity_blocks() as u64)
         ));
     }
     let dirty = !fresh.is_clean();

@@ -47,8 +47,9 @@ impl FeatureMap {
     /// Bits that only describe the device carrying them.
     pub const PER_DEVICE: FeatureMap = FeatureMap(2 | 8 | 16 | 64 | 128);
 
-    /// Bits raidnbd refuses to assemble: they need machinery it does not have.
-    pub const UNSUPPORTED: FeatureMap = FeatureMap(4 | 32 | 256);
+    /// Bits raidnbd refuses to assemble: they need machinery it does not have (a reshape in
+    /// progress, `RESHAPE_ACTIVE`, is checked at assembly: `reshape.rs`).
+    pub const UNSUPPORTED: FeatureMap = FeatureMap(32 | 256);
 
     /// Either PPL bit: the array has md's partial parity log.
     pub const ANY_PPL: FeatureMap = FeatureMap(1024 | 2048);

@@ -29,6 +29,7 @@ mod data_offset;
 mod dev_role;
 mod feature;
 mod metadata;
+mod reshape;
 mod start;
 mod store;
 mod superblock;
@@ -48,6 +49,7 @@ pub use data_offset::{
 pub use dev_role::{DevRole, ROLE_FAULTY, ROLE_JOURNAL, ROLE_MAX, ROLE_SPARE};
 pub use feature::FeatureMap;
 pub use metadata::{ArrayMetadata, MemberMetadata};
+pub use reshape::ReshapeState;
 pub use start::{StartOptions, Started, read_superblock_area, start};
 pub use store::MdStore;
 pub use superblock::{

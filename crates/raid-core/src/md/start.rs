@@ -18,8 +18,8 @@ use crate::SECTOR_BYTES;
 use crate::bad_ranges::BadRanges;
 use crate::buf::AlignedBuf;
 use crate::engine::{
-    Array, ArrayBuilder, Device, JournalConfig, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig, RoleMember,
-    WriteHoleReport, WriteHoleStart,
+    Array, ArrayBuilder, Device, Direction, JournalConfig, Layout, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig,
+    RoleMember, WriteHoleReport, WriteHoleStart,
 };
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Geometry, Level};
@@ -300,8 +300,20 @@ fn builder<M: Member + ?Sized>(
             _ => meta.size,
         })
         .collect();
-    let geometry = Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors)
-        .map_err(|e| RaidError::new(ErrorKind::CannotAssemble, format!("array {}: {e}", meta.name())))?;
+    let invalid = |e: crate::geometry::GeometryError| {
+        RaidError::new(ErrorKind::CannotAssemble, format!("array {}: {e}", meta.name()))
+    };
+    // Mid-reshape (md/reshape.rs): the new layout, and the previous one below the data start
+    // that the reshape moves every device's data to (their common origin).
+    let reshape = meta.reshape_state()?;
+    let (geometry, origin_shift_sectors) = match &reshape {
+        None => (Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors).map_err(invalid)?, 0),
+        Some(r) => (
+            Geometry::new(meta.level, r.new_layout, r.new_chunk_sectors, &member_sectors).map_err(invalid)?,
+            r.offset_delta_sectors.unsigned_abs(),
+        ),
+    };
+    let origin_bytes = |data_offset: u64| (data_offset - origin_shift_sectors) * SECTOR_BYTES;
     let role_members: Vec<Option<RoleMember<M>>> = (0..roles)
         .map(|role| {
             let candidate = assembly.members[role]?;
@@ -309,7 +321,7 @@ fn builder<M: Member + ?Sized>(
             let record = &meta.members[index];
             Some(RoleMember {
                 member: members[candidate].clone(),
-                data_offset_bytes: record.data_offset * SECTOR_BYTES,
+                data_offset_bytes: origin_bytes(record.data_offset),
                 recovery_offset_sectors: record.recovery_offset,
                 device_id: index,
             })
@@ -323,7 +335,7 @@ fn builder<M: Member + ?Sized>(
             Some(Device {
                 id: index,
                 member: members[c].clone(),
-                data_offset_bytes: meta.members[index].data_offset * SECTOR_BYTES,
+                data_offset_bytes: origin_bytes(meta.members[index].data_offset),
             })
         })
         .collect();
@@ -365,6 +377,13 @@ fn builder<M: Member + ?Sized>(
     }
     if !meta.is_clean() && meta.resync_offset != 0 {
         builder = builder.resync_from(meta.resync_offset);
+    }
+    if let Some(r) = reshape {
+        let previous =
+            Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors[..r.previous_raid_disks])
+                .map_err(invalid)?;
+        builder =
+            builder.reshaping(Layout::new(previous, origin_shift_sectors), 0, r.position_sectors, Direction::Forward);
     }
     Ok(builder)
 }

@@ -134,6 +134,7 @@ impl MetadataStore for MdStore {
             uuid: self.metadata.uuid.0,
             events: self.metadata.events,
             bitmap_events_cleared: self.bitmap.as_ref().map(|b| b.events_cleared),
+            headroom_sectors: Some(self.metadata.headroom_sectors()),
         }
     }
 
@@ -202,6 +203,31 @@ impl MetadataStore for MdStore {
                     features.insert(FeatureMap::BAD_BLOCKS);
                 }
             }
+            StateChange::ReshapeStart {
+                raid_disks,
+                ref new_roles,
+                new_layout,
+                new_chunk_sectors,
+                offset_delta_sectors,
+                position_sectors,
+            } => {
+                self.metadata.start_reshape(
+                    raid_disks,
+                    new_layout,
+                    new_chunk_sectors,
+                    offset_delta_sectors,
+                    position_sectors,
+                );
+                for &(device, role) in new_roles {
+                    // A role the old layout never had: in sync from the start (md's
+                    // raid5_start_reshape), as the new layout reaches only what it wrote.
+                    let dev = self.dev_number(device)?;
+                    self.metadata.set_role(dev, DevRole::Active(role as u16))?;
+                    self.metadata.set_recovery_offset(dev, None)?;
+                }
+            }
+            StateChange::ReshapeProgress { position_sectors } => self.metadata.set_reshape_position(position_sectors),
+            StateChange::ReshapeEnd => self.metadata.finish_reshape(),
             StateChange::Bitmap { ref set, ref clear } => {
                 // Bit changes rewrite only the bitmap: no new event count (as md).
                 let events = self.metadata.events;

@@ -42,6 +42,8 @@ pub enum MaintenanceWork {
     Check,
     /// Scrub that rewrites mismatches.
     Repair,
+    /// Moving the data into a new geometry (reshape.rs).
+    Reshape,
 }
 
 impl MaintenanceWork {
@@ -52,6 +54,7 @@ impl MaintenanceWork {
             MaintenanceWork::Resync => "resync",
             MaintenanceWork::Check => "check",
             MaintenanceWork::Repair => "repair",
+            MaintenanceWork::Reshape => "reshape",
         }
     }
 }
@@ -174,14 +177,15 @@ impl<M: Member + ?Sized> Maintenance<'_, M> {
         let layout = self.array.layout();
         let (done, total) = match m.current {
             Some(MaintenanceWork::Recovery { role }) => (
-                self.array.members.slots[role].recovery_offset_sectors().min(layout.geometry().member_sectors(role)),
+                self.array.members.slots()[role].recovery_offset_sectors().min(layout.geometry().member_sectors(role)),
                 layout.geometry().member_sectors(role),
             ),
             Some(MaintenanceWork::Replace { role }) => (
-                self.array.members.slots[role].replacement().map_or(0, |r| r.done_sectors.load(Ordering::Acquire)),
+                self.array.members.slots()[role].replacement().map_or(0, |r| r.done_sectors.load(Ordering::Acquire)),
                 layout.geometry().member_sectors(role),
             ),
             Some(MaintenanceWork::Resync) => (m.resync_next_unit.unwrap_or(0), self.scrub_units()),
+            Some(MaintenanceWork::Reshape) => self.array.reshape_progress().unwrap_or((0, 0)),
             Some(MaintenanceWork::Check | MaintenanceWork::Repair) => {
                 (m.scrub.as_ref().map_or(0, |s| s.next_unit), self.scrub_units())
             }
@@ -238,20 +242,23 @@ impl<M: Member + ?Sized> Maintenance<'_, M> {
         }
         // Counted like a write for the shutdown's drain; nothing runs once it has begun.
         let Some(_in_flight) = self.array.quiesce.enter() else { return Ok(Step::Idle) };
-        // Rebuild, resync and scrub work on a settled array (as md, never beside a reshape).
-        if self.array.shape.load().reshape().is_some() {
-            return Ok(Step::Idle);
+        // A reshape comes first; rebuild, resync and scrub work on a settled array (as md,
+        // never beside a reshape).
+        if let Some(step) = self.array.reshape_step(max_bytes).await? {
+            return Ok(step);
         }
+        // Counted in the shape while it runs: a reshape starting waits for it.
+        let _entered = self.array.shape.enter(0, 0).await;
         if let Some(step) = self.array.assign_spare().await? {
             return Ok(step);
         }
-        if let Some(role) =
-            (0..self.array.members.slots.len()).find(|&r| self.array.members.slots[r].state() == SlotState::Recovering)
+        if let Some(role) = (0..self.array.members.slots().len())
+            .find(|&r| self.array.members.slots()[r].state() == SlotState::Recovering)
         {
             return self.array.recovery_step(role, max_bytes).await;
         }
         if let Some(role) =
-            (0..self.array.members.slots.len()).find(|&r| self.array.members.slots[r].replacement().is_some())
+            (0..self.array.members.slots().len()).find(|&r| self.array.members.slots()[r].replacement().is_some())
         {
             return self.array.replace_step(role, max_bytes).await;
         }

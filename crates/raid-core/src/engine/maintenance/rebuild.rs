@@ -45,7 +45,7 @@ impl<M: Member + ?Sized> Array<M> {
             self.persist_locked(StateChange::Faulty { device: spare.id }).await;
             return Ok(None);
         }
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         if let Some(old) = slot.take_device() {
             self.persist_locked(StateChange::Remove { device: old.id }).await;
         }
@@ -117,7 +117,7 @@ impl<M: Member + ?Sized> Array<M> {
                 m.recovery = Some(RecoveryTally { role, from_bitmap: false, dirty_chunks: 0, copied_bytes: 0 });
             }
         }
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let device = slot.device().expect("recovering role has a device");
         let total = self.layout().geometry().member_sectors(role);
         let start = slot.recovery_offset_sectors();
@@ -164,7 +164,7 @@ impl<M: Member + ?Sized> Array<M> {
     pub(super) async fn replace_step(&self, role: usize, max_bytes: u64) -> Result<Step> {
         let work = MaintenanceWork::Replace { role };
         self.maintenance.lock().current = Some(work);
-        let slot = &self.members.slots[role];
+        let slot = &self.members.slots()[role];
         let replacement = slot.replacement().expect("replacement present");
         let total = self.layout().geometry().member_sectors(role);
         let start = replacement.done_sectors.load(Ordering::Acquire);
@@ -234,7 +234,7 @@ impl<M: Member + ?Sized> Array<M> {
         let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
         let mut member_sector = start;
         // A bitmap re-add copies whole bitmap chunks only: do not cross their boundaries.
-        let bitmap_chunk = if self.members.slots[role].bitmap_recovery.load(Ordering::Acquire) {
+        let bitmap_chunk = if self.members.slots()[role].bitmap_recovery.load(Ordering::Acquire) {
             self.intent.as_ref().map(|i| i.chunk_sectors).or(self.away.get().map(|a| a.chunk_sectors))
         } else {
             None
@@ -290,7 +290,7 @@ impl<M: Member + ?Sized> Array<M> {
             let lost = (0..blocks)
                 .filter(|&b| {
                     let r = crate::engine::stripe_read::block_role(&layout, b);
-                    (r == role && replacement.is_none()) || !self.members.slots[r].is_readable(at, sectors)
+                    (r == role && replacement.is_none()) || !self.members.slots()[r].is_readable(at, sectors)
                 })
                 .count();
             if lost > pg.parity_disks() {
@@ -320,13 +320,13 @@ impl<M: Member + ?Sized> Array<M> {
         let _guards = self.lock_mirror_range(&layout, array_sector, sectors).await;
         let mapped = layout.map(array_sector);
         debug_assert!(mapped.copies.iter().any(|c| c.role == role && c.member_sector == member_sector));
-        for _attempt in 0..=self.members.slots.len() {
+        for _attempt in 0..=self.members.slots().len() {
             let source = mapped
                 .copies
                 .iter()
                 .filter(|c| {
                     (c.role != role || replacement.is_some())
-                        && self.members.slots[c.role].is_readable(c.member_sector, sectors)
+                        && self.members.slots()[c.role].is_readable(c.member_sector, sectors)
                 })
                 .min_by_key(|c| self.read_load(c.role));
             let Some(source) = source else {
@@ -338,12 +338,12 @@ impl<M: Member + ?Sized> Array<M> {
                     ),
                 ));
             };
-            let Some(device) = self.members.slots[source.role].device() else { continue };
+            let Some(device) = self.members.slots()[source.role].device() else { continue };
             match read_device(
                 &device,
                 source.member_sector,
                 sectors,
-                &self.members.slots[source.role].inflight_read_bytes,
+                &self.members.slots()[source.role].inflight_read_bytes,
             )
             .await
             {
@@ -378,7 +378,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// During a bitmap-based re-add: whether resync sectors `range` were not written while
     /// the member was away (so it already holds them).
     fn clean_in_bitmap(&self, role: usize, range: std::ops::Range<u64>) -> bool {
-        self.members.slots[role].bitmap_recovery.load(Ordering::Acquire)
+        self.members.slots()[role].bitmap_recovery.load(Ordering::Acquire)
             && match (&self.intent, self.away.get()) {
                 (Some(intent), _) => !intent.any_set(range),
                 (None, Some(away)) => away.since_events().is_some() && !away.any_written(range),

@@ -107,7 +107,7 @@ impl<M: Member + ?Sized> Array<M> {
         // parity may be the only way to rebuild the bad data, or is known wrong already.
         let unknown_page = |p: usize| {
             let at = member_sector + p as u64 * PARITY_PAGE_SECTORS;
-            roles.iter().any(|&r| self.members.slots[r].has_bad_in(at, PARITY_PAGE_SECTORS))
+            roles.iter().any(|&r| self.members.slots()[r].has_bad_in(at, PARITY_PAGE_SECTORS))
         };
         let mut bad_pages = Vec::new();
         let mut unknown_pages = Vec::new();

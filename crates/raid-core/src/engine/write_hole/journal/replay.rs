@@ -196,7 +196,7 @@ impl<M: Member + ?Sized> Journal<M> {
                 continue;
             }
             for (role, page) in writes {
-                if !array.members.slots[role].is_writable() {
+                if !array.members.slots()[role].is_writable() {
                     report.pages_skipped += 1;
                     continue;
                 }

@@ -433,7 +433,7 @@ impl ParityLog {
                 }
                 let reading = child.expected.first().is_some_and(|&t| t < horizon);
                 let unit = (!child.writing && !reading).then(|| {
-                    let device_id = array.members.slots[role].device().map(|d| d.id);
+                    let device_id = array.members.slots()[role].device().map(|d| d.id);
                     self.prepare_header(device_id, &mut child)
                 });
                 (log.changed.listen(), unit)
@@ -522,12 +522,12 @@ impl ParityLog {
                 // A header being written may be the one that stops naming them: wait for it.
                 let next = if child.writing {
                     Next::Wait
-                } else if !child.names_retired() || !array.members.slots[role].is_writable() {
+                } else if !child.names_retired() || !array.members.slots()[role].is_writable() {
                     return Ok(());
                 } else {
                     match child.check_room(log.config.area_bytes, &[]) {
                         Ok(()) => {
-                            let device_id = array.members.slots[role].device().map(|d| d.id);
+                            let device_id = array.members.slots()[role].device().map(|d| d.id);
                             Next::Write(self.prepare_header(device_id, &mut child))
                         }
                         Err(Blocked::NeedsFlush) => Next::Flush,
@@ -551,7 +551,7 @@ impl ParityLog {
     /// member; its entries need no protection then (the parity they protect is gone).
     async fn write_header<M: Member + ?Sized>(&self, array: &Array<M>, role: usize, unit: HeaderWrite) {
         let log = self;
-        let slot = &array.members.slots[role];
+        let slot = &array.members.slots()[role];
         let result = match slot.device() {
             Some(d) if slot.is_writable() => {
                 d.member.write_at(log.config.area_offset_bytes + unit.offset, unit.image, true).await.0

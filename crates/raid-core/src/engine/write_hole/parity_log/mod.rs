@@ -105,7 +105,7 @@ impl ParityLog {
         layout: &StripeLayout,
     ) -> Option<LogRequest> {
         let (dd, chunk) = (self.data_disks, self.chunk_sectors);
-        if !array.members.slots[layout.p_role].is_writable() || job.mode == Mode::DataOnly {
+        if !array.members.slots()[layout.p_role].is_writable() || job.mode == Mode::DataOnly {
             return None;
         }
         let pp = job.partial_parity.take();
@@ -167,7 +167,7 @@ impl ParityLog {
         stripes
             .filter_map(|s| {
                 let p = pg.stripe(s).p_role;
-                array.members.slots[p].is_writable().then(|| LogRequest {
+                array.members.slots()[p].is_writable().then(|| LogRequest {
                     role: p,
                     entry: PplEntry {
                         data_sector: s * dd * chunk,
@@ -208,7 +208,7 @@ impl<M: Member + ?Sized> WriteHole<M> for ParityLog {
             let mut roles: Vec<usize> = work.jobs.iter().map(|j| stripe_layouts[j.write].p_role).collect();
             roles.sort_unstable();
             roles.dedup();
-            roles.retain(|&r| array.members.slots[r].is_writable());
+            roles.retain(|&r| array.members.slots()[r].is_writable());
             let mut expected = Some(self.expect(roles));
             let Some(jobs) = work.compute(array, true).await? else { return Ok(Written::ReadFailed) };
             let computed: Vec<(Vec<MemberWrite>, Option<LogRequest>)> = jobs
@@ -264,7 +264,7 @@ impl<M: Member + ?Sized> WriteHole<M> for ParityLog {
 
     /// The newest header of every log stops naming writes the flush made durable.
     fn after_flush<'a>(&'a self, array: &'a Array<M>) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move { self.retire_logs(array, &(0..array.members.slots.len()).collect::<Vec<_>>()).await })
+        Box::pin(async move { self.retire_logs(array, &(0..array.members.slots().len()).collect::<Vec<_>>()).await })
     }
 
     /// Clears `device`'s log area, which may still hold the headers of an earlier life in this

@@ -53,10 +53,10 @@ impl ParityLog {
         let log = self;
         let mut report = ReplayReport::default();
         let roles: Vec<usize> =
-            (0..array.members.slots.len()).filter(|&r| array.members.slots[r].is_writable()).collect();
+            (0..array.members.slots().len()).filter(|&r| array.members.slots()[r].is_writable()).collect();
         let mut max_generation = 0;
         for &role in &roles {
-            let member = array.members.slots[role].member();
+            let member = array.members.slots()[role].member();
             let (res, area) =
                 member.read_at(log.config.area_offset_bytes, AlignedBuf::zeroed(log.config.area_bytes as usize)).await;
             res.map_err(|e| RaidError::io(format!("{}: cannot read the parity log", member.name()), e))?;
@@ -78,13 +78,13 @@ impl ParityLog {
         log.generation.fetch_max(max_generation, Ordering::AcqRel);
         // Empty headers over cleared areas (a stale chain must not follow a new header).
         let results = join_all(roles.iter().map(|&role| {
-            let member = array.members.slots[role].member();
+            let member = array.members.slots()[role].member();
             async move { (role, log.clear_area(&*member).await) }
         }))
         .await;
         for (role, res) in results {
             match res {
-                Ok(()) => log.cleared(role, array.members.slots[role].device().map(|d| d.id)),
+                Ok(()) => log.cleared(role, array.members.slots()[role].device().map(|d| d.id)),
                 Err(e) => array.member_failed(role, &e, "parity log reset").await,
             }
         }
@@ -157,7 +157,7 @@ impl ParityLog {
                     let mapped = layout.map(start + row);
                     let n = mapped.len_sectors.min(rows - row);
                     let copy = mapped.copies[0];
-                    if !array.members.slots[copy.role].is_readable(copy.member_sector, n) {
+                    if !array.members.slots()[copy.role].is_readable(copy.member_sector, n) {
                         row_ok[row as usize..(row + n) as usize].fill(false);
                         crc = None;
                     } else {

@@ -1,0 +1,311 @@
+//! Reshape: the array changes shape while it serves, in md's format (the superblock side:
+//! `md/reshape.rs`; the kernel's rules, cited: `doc/md-reshape.md`).
+//!
+//! The kind raidnbd does today is md's no-backup grow of raid4/5/6 by members: the data start
+//! of every device moves `headroom` sectors into the free space before the data, and the new
+//! layout, wider by the new members, is written there from the start of the array up, ahead of
+//! the old one, never over an old row still in use.
+//!
+//! - Start ([`Array::begin_grow`], from `Admin::grow`): checked (raid4/5/6, no log, no bitmap,
+//!   every role in sync, nothing else running, room before the data); the new devices are
+//!   recorded and the start is written to every superblock (`StateChange::ReshapeStart`, the
+//!   front at 0); then, with every request paused, the devices' data origin moves to the new
+//!   data start, the new roles come into use and the shape becomes two layouts.
+//! - Steps ([`Array::reshape_step`], from `Maintenance::step`): a window of whole new stripes at
+//!   the front is closed to requests, read from the previous layout (zeros beyond its end),
+//!   written in the new layout (full stripes: parity from the data alone), the members
+//!   flushed, the new front recorded (`ReshapeProgress`), the shape's front moved and the
+//!   window opened. A window ends where the new rows it writes reach the previous layout's
+//!   rows still in use (md's invariant: a restart from the recorded front reads only intact
+//!   rows); recording every window before it opens means no request ever writes the new
+//!   layout where a restart would copy the old one over it.
+//! - End: past the new layout's last stripe the superblocks take the new geometry
+//!   (`ReshapeEnd`), the shape settles on it, and the export has its new size.
+//!
+//! A crash at any point restarts from the recorded front (md's `reshape_position`): the window
+//! after it is moved again from rows nothing has overwritten. The kernel continues such a
+//! reshape, and raidnbd continues one the kernel started (`md::start`).
+
+use std::sync::Arc;
+
+use super::maintenance::{MaintenanceWork, Step};
+use super::shape::{Direction, Layout, Reshape, Shape};
+use super::slot::{Device, SlotState};
+use super::stripe_write::WriteSource;
+use super::{Array, META_LOCK_KEY, StateChange};
+use crate::SECTOR_BYTES;
+use crate::buf::AlignedBuf;
+use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::{Geometry, Level, MAX_RAID_DISKS};
+use crate::member::Member;
+
+/// The data start moves at most this far (more headroom only makes the first windows larger).
+const MAX_HEADROOM_SECTORS: u64 = 64 << 11; // 64 MiB
+/// A window moves at most this much array data (one checkpoint per window).
+const MAX_WINDOW_SECTORS: u64 = 16 << 11; // 16 MiB
+
+fn refused(message: String) -> RaidError {
+    RaidError::new(ErrorKind::Refused, message)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The least data-start move for a grow from `o` to `n` data disks with chunk `chunk`:
+/// mdadm's `LCM(chunk·o, chunk·n) / o`, and at least two chunks so that the kernel, should it
+/// take over, stays in its self-safe checkpoint regime (`doc/md-reshape.md` §2.4).
+fn least_headroom(chunk: u64, o: u64, n: u64) -> u64 {
+    let lcm = chunk * o / gcd(chunk * o, chunk * n) * (chunk * n);
+    (lcm / o).max(2 * chunk)
+}
+
+impl<M: Member + ?Sized> Array<M> {
+    /// Why the array cannot start a grow now, if it cannot.
+    fn check_growable(&self) -> Result<Geometry> {
+        self.check_writable("grow")?;
+        let shape = self.shape.load();
+        if shape.reshape().is_some() {
+            return Err(refused("a reshape is already running: wait for it (raidnbd ctl wait)".into()));
+        }
+        let geometry = shape.layout().geometry().clone();
+        if !matches!(geometry.level(), Level::Raid4 | Level::Raid5 | Level::Raid6) {
+            return Err(refused(format!(
+                "raidnbd grows raid4, raid5 and raid6 by members so far, not {}",
+                geometry.level()
+            )));
+        }
+        if !self.write_hole.reshapes() {
+            return Err(refused(
+                "md reshapes no array with a partial parity log or a write journal: serve it with --consistency-policy \
+                 resync (mdadm --grow --consistency-policy=resync) to grow it"
+                    .into(),
+            ));
+        }
+        if self.intent.is_some() {
+            return Err(refused(
+                "the array has a write-intent bitmap, which raidnbd does not carry through a reshape yet: remove it \
+                 first (mdadm --grow --bitmap=none)"
+                    .into(),
+            ));
+        }
+        let slots = self.members.slots();
+        if !self.members.is_optimal() || slots.iter().any(|s| s.replacement().is_some()) {
+            return Err(refused("every member must be in sync, and no replacement built, to grow".into()));
+        }
+        if self.any_bad() {
+            return Err(refused("a member has bad blocks: replace it before growing".into()));
+        }
+        let status = self.maintenance().status();
+        if status.resync_pending || status.current.is_some() {
+            return Err(refused("background work is running (resync, check or rebuild): grow when it is done".into()));
+        }
+        Ok(geometry)
+    }
+
+    /// Starts growing the array onto `devices` (new devices of the array, see the module docs).
+    pub(crate) async fn begin_grow(&self, devices: Vec<Device<M>>) -> Result<()> {
+        let geometry = self.check_growable()?;
+        let pg = geometry.parity().expect("a parity level");
+        let (old_disks, new_disks) = (geometry.raid_disks(), geometry.raid_disks() + devices.len());
+        if devices.is_empty() || new_disks > MAX_RAID_DISKS {
+            return Err(refused(format!(
+                "{new_disks} members: a grow adds 1 to {} members",
+                MAX_RAID_DISKS - old_disks
+            )));
+        }
+        let chunk = u64::from(pg.chunk_sectors());
+        let new_geometry =
+            Geometry::new(geometry.level(), geometry.layout(), pg.chunk_sectors(), &vec![pg.size_sectors(); new_disks])
+                .map_err(|e| refused(format!("the grown array: {e}")))?;
+        let new_pg = new_geometry.parity().expect("a parity level");
+        let need = least_headroom(chunk, pg.data_disks() as u64, new_pg.data_disks() as u64);
+        let have = match self.metadata_summary().and_then(|s| s.headroom_sectors) {
+            Some(h) => h,
+            None => self
+                .members
+                .slots()
+                .iter()
+                .filter_map(|s| s.device())
+                .map(|d| d.data_offset_bytes / SECTOR_BYTES)
+                .min()
+                .unwrap_or(0),
+        };
+        if have < need {
+            return Err(refused(format!(
+                "growing to {new_disks} members moves the data start {need} sectors into the free space before the \
+                 data, but a member has only {have}; mdadm can grow it with a backup file: mdadm --grow /dev/mdX \
+                 --raid-devices={new_disks} --backup-file=FILE"
+            )));
+        }
+        let headroom = have.min(MAX_HEADROOM_SECTORS).max(need) / chunk * chunk;
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        let mut new_roles = Vec::with_capacity(devices.len());
+        for (i, device) in devices.iter().enumerate() {
+            // Listed among the spares while recorded: its superblock writes find it there.
+            self.members.spares.lock().expect("spares lock").push(device.clone());
+            new_roles.push((device.id, old_disks + i));
+        }
+        let start = StateChange::ReshapeStart {
+            raid_disks: new_disks,
+            new_roles,
+            new_layout: geometry.layout(),
+            new_chunk_sectors: pg.chunk_sectors(),
+            offset_delta_sectors: -(headroom as i64),
+            position_sectors: 0,
+        };
+        let ids: Vec<usize> = devices.iter().map(|d| d.id).collect();
+        let mut recorded = Ok(());
+        for d in &devices {
+            let add = StateChange::AddSpare { device: d.id, device_bytes: d.member.len_bytes() };
+            recorded = recorded.and(self.try_persist_locked(add).await);
+        }
+        if recorded.is_ok() {
+            recorded = self.try_persist_locked(start).await;
+        }
+        drop(_g);
+        if let Err(e) = recorded {
+            self.members.spares.lock().expect("spares lock").retain(|d| !ids.contains(&d.id));
+            return Err(e);
+        }
+        tracing::info!(
+            from = old_disks,
+            to = new_disks,
+            headroom_sectors = headroom,
+            "reshape recorded: growing the array (the data start moves into the headroom)"
+        );
+        // Every request waits while the devices' data origin moves to the new data start.
+        let paused = self.shape.pause().await;
+        self.members.move_origins(-((headroom * SECTOR_BYTES) as i64));
+        let added: Vec<Device<M>> = {
+            let mut spares = self.members.spares.lock().expect("spares lock");
+            let added = ids.iter().filter_map(|id| spares.iter().find(|d| d.id == *id).cloned()).collect();
+            spares.retain(|d| !ids.contains(&d.id));
+            added
+        };
+        self.members.add_roles(added);
+        let reshape = Reshape {
+            previous: Arc::new(Layout::new(geometry, headroom)),
+            front_sectors: 0,
+            direction: Direction::Forward,
+        };
+        self.shape.install(self.shape.next_shape(Arc::new(Layout::settled(new_geometry)), Some(reshape)));
+        drop(paused);
+        self.maintenance.wake();
+        Ok(())
+    }
+
+    /// One window of the running reshape (`None` when none runs).
+    pub(crate) async fn reshape_step(&self, max_bytes: u64) -> Result<Option<Step>> {
+        let shape = self.shape.load();
+        let Some(reshape) = shape.reshape().cloned() else { return Ok(None) };
+        self.maintenance.lock().current = Some(MaintenanceWork::Reshape);
+        let (new, previous) = (shape.layout().clone(), reshape.previous.clone());
+        let (npg, ppg) = (new.parity().expect("raid4/5/6"), previous.parity().expect("raid4/5/6"));
+        let (o, n) = (ppg.data_disks() as u64, npg.data_disks() as u64);
+        let (co, cn) = (u64::from(ppg.chunk_sectors()), u64::from(npg.chunk_sectors()));
+        let unit = co.max(cn) * n;
+        let end = reshape_end(&new, &previous);
+        let front = reshape.front_sectors;
+        debug_assert_eq!(reshape.direction, Direction::Forward, "raidnbd moves grows forward");
+        if front >= end {
+            return self.finish_reshape(&shape).await.map(Some);
+        }
+        // The new rows of the window must end where the previous layout's rows still in use
+        // begin: at the old stripe holding the front (all offsets from the data origin).
+        let old_rows_in_use = previous.shift_sectors() + front / (o * co) * co;
+        let by_rows = (old_rows_in_use.saturating_sub(new.shift_sectors()) * n).saturating_sub(front) / unit * unit;
+        let wanted = (max_bytes / SECTOR_BYTES).clamp(unit, MAX_WINDOW_SECTORS) / unit * unit;
+        let window = wanted.min(by_rows).min(end - front);
+        if window == 0 {
+            return Err(RaidError::new(
+                ErrorKind::Io,
+                format!("reshape at {front}: the headroom leaves no room for the next new stripe"),
+            ));
+        }
+        self.shape.close_window(front..front + window).await;
+        let moved = self.move_window(&previous, &new, front, window).await;
+        if let Err(e) = moved {
+            self.shape.open_window();
+            return Err(e);
+        }
+        let next = Reshape { front_sectors: front + window, ..reshape };
+        self.shape.install(self.shape.next_shape(new, Some(next)));
+        self.shape.open_window();
+        Ok(Some(Step::Worked { work: MaintenanceWork::Reshape, bytes: window * SECTOR_BYTES }))
+    }
+
+    /// Copies array sectors `[front, front + sectors)` (closed to requests) from `previous`
+    /// into `new`, makes them durable, and records the new front.
+    async fn move_window(&self, previous: &Layout, new: &Layout, front: u64, sectors: u64) -> Result<()> {
+        let mut data = AlignedBuf::zeroed((sectors * SECTOR_BYTES) as usize);
+        let old_end = previous.geometry().array_sectors();
+        if front < old_end {
+            let len = ((old_end.min(front + sectors) - front) * SECTOR_BYTES) as usize;
+            let old = self.read_striped(previous, front, len).await?;
+            let mut at = 0;
+            for slice in old.slices() {
+                data.as_mut_slice()[at..at + slice.len()].copy_from_slice(slice);
+                at += slice.len();
+            }
+        }
+        self.write_striped(new, front, sectors, WriteSource::Data(data.as_slice()), false).await?;
+        self.flush().await?;
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        self.try_persist_locked(StateChange::ReshapeProgress { position_sectors: front + sectors }).await
+    }
+
+    /// Past the new layout's end: the new geometry becomes the array's.
+    async fn finish_reshape(&self, shape: &Arc<Shape>) -> Result<Step> {
+        self.flush().await?;
+        {
+            let _g = self.locks.lock(META_LOCK_KEY).await;
+            self.try_persist_locked(StateChange::ReshapeEnd).await?;
+        }
+        let layout = shape.layout().clone();
+        self.shape.install(self.shape.next_shape(layout.clone(), None));
+        if let Some(away) = self.away.get() {
+            // What it recorded was in the previous layout's terms: a returning member is
+            // rebuilt whole.
+            away.end().await;
+        }
+        let roles = self.members.slots().iter().filter(|s| s.state() == SlotState::InSync).count();
+        tracing::info!(
+            members = layout.geometry().raid_disks(),
+            in_sync = roles,
+            size_bytes = layout.geometry().array_sectors() * SECTOR_BYTES,
+            "reshape finished"
+        );
+        let mut m = self.maintenance.lock();
+        m.current = None;
+        Ok(Step::Finished(MaintenanceWork::Reshape))
+    }
+
+    /// Where the running reshape stands: (front, end) in array sectors.
+    pub(crate) fn reshape_progress(&self) -> Option<(u64, u64)> {
+        let shape = self.shape.load();
+        let r = shape.reshape()?;
+        Some((r.front_sectors, reshape_end(shape.layout(), &r.previous)))
+    }
+}
+
+/// The array sector the new layout's reshape ends at: md moves `max(chunks)`-row units up to
+/// the device size rounded down to that, times the new data disks.
+fn reshape_end(new: &Layout, previous: &Layout) -> u64 {
+    let (npg, ppg) = (new.parity().expect("raid4/5/6"), previous.parity().expect("raid4/5/6"));
+    let rows = u64::from(npg.chunk_sectors().max(ppg.chunk_sectors()));
+    npg.size_sectors() / rows * rows * npg.data_disks() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_headroom_is_mdadms_and_two_chunks() {
+        // mdadm: LCM(c·O, c·N) / O; 3 -> 4 disks of raid5 (O=2, N=3) with 512 KiB chunks.
+        assert_eq!(least_headroom(1024, 2, 3), 3072);
+        assert_eq!(least_headroom(1024, 3, 4), 4096);
+        assert_eq!(least_headroom(128, 1, 2), 256);
+    }
+}

@@ -1,0 +1,336 @@
+//! Growing a raid5/raid6 by members while it serves (md's no-backup reshape): every byte reads
+//! back right before, during and after, with writes racing the reshape's windows and restarts
+//! from the superblocks at any step (a SIGKILL: nothing shut down); the superblocks say what
+//! md writes (the reshape fields while it runs, the new geometry and data offset at the end),
+//! and the grown array's parity matches its data.
+
+use std::future::Future;
+use std::io;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::task::{Context, Poll};
+
+use futures::executor::block_on;
+use raid_core::engine::{MaintenanceWork, Step};
+use raid_core::geometry::Level;
+use raid_core::md::{self, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
+use raid_core::member::{BufResult, IoFuture};
+use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
+
+mod md_common;
+
+const MEMBER_BYTES: u64 = 24 << 20;
+
+/// A seeded xorshift generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// An md array of `disks` memory members (64 KiB chunks, resync policy), and `extra` blank
+/// members of the same size.
+fn create(level: Level, disks: usize, extra: usize) -> Vec<Arc<MemoryMember>> {
+    let sizes = vec![Some(MEMBER_BYTES); disks];
+    let params = CreateParams {
+        level,
+        layout: None,
+        chunk_sectors: Some(128),
+        name: "grow",
+        homehost: None,
+        uuid: Some(MdUuid([9; 16])),
+        members_bytes: &sizes,
+        ppl: false,
+        journal_bytes: None,
+    };
+    let mut n = 0u8;
+    let meta = md::create(&params, 1_700_000_000, &mut || {
+        n += 1;
+        MdUuid([n; 16])
+    })
+    .expect("create");
+    (0..disks + extra)
+        .map(|i| {
+            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
+            if i < disks {
+                let image = meta.superblock_for(i).encode();
+                block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
+            }
+            m
+        })
+        .collect()
+}
+
+fn dyn_members(members: &[Arc<MemoryMember>]) -> Vec<Arc<dyn Member>> {
+    members.iter().map(|m| m.clone() as Arc<dyn Member>).collect()
+}
+
+fn start(members: &[Arc<MemoryMember>]) -> md::Started<dyn Member> {
+    let members = dyn_members(members);
+    block_on(md::start(&md_common::assemble(&members), &members, StartOptions::default())).expect("start")
+}
+
+fn superblock(member: &MemoryMember) -> Superblock {
+    let (res, buf) = block_on(member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(4096)));
+    res.unwrap();
+    Superblock::decode(buf.as_slice()).expect("a valid superblock")
+}
+
+fn check_all(array: &raid_core::engine::Array<dyn Member>, model: &[u8], what: &str) {
+    let size = array.size_bytes() as usize;
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(4 << 20);
+        let got = block_on(array.read(at as u64, n)).unwrap().to_vec();
+        assert!(got == model[at..at + n], "{what}: bytes {at}..{} differ", at + n);
+        at += n;
+    }
+}
+
+/// Grows `level` from `disks` to `disks + 1` members under writes, restarting (no shutdown)
+/// every few windows, and checks every byte and the superblocks.
+fn grow_under_writes_and_restarts(level: Level, disks: usize, seed: u64) {
+    let members = create(level, disks, 1);
+    let mut rng = Rng(seed);
+    let mut started = start(&members[..disks]);
+    let old_size = started.array.size_bytes() as usize;
+    let old_data_offset = superblock(&members[0]).data_offset;
+    let mut model = rng.bytes(old_size);
+    block_on(started.array.write(0, &model[..old_size / 2], false)).unwrap();
+    block_on(started.array.write((old_size / 2) as u64, &model[old_size / 2..], false)).unwrap();
+
+    let new: Arc<dyn Member> = members[disks].clone();
+    block_on(started.array.admin().grow(vec![new])).expect("the grow starts");
+    assert!(started.array.shape().reshape().is_some(), "reshaping");
+    assert_eq!(started.array.size_bytes() as usize, old_size, "the export keeps its size while it grows");
+    let sb = superblock(&members[0]);
+    assert!(sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET), "{:?}", sb.feature_map);
+    assert_eq!((sb.raid_disks, sb.delta_disks, sb.reshape_position), (disks as u32 + 1, 1, 0));
+    assert!(sb.new_offset < 0, "the data start moves into the headroom: {}", sb.new_offset);
+    assert_eq!(superblock(&members[disks]).dev_roles, sb.dev_roles, "the new member has the array's role table");
+
+    let mut steps = 0;
+    let mut restarts = 0;
+    loop {
+        // A write and a read racing the window being moved.
+        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
+        let at = (rng.next() % ((old_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
+        let data = rng.bytes(len);
+        let read_at = (rng.next() % ((old_size - 65536) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
+        let maintenance = started.array.maintenance();
+        let (step, written, read) = block_on(async {
+            futures::join!(
+                maintenance.step(1 << 20),
+                started.array.write(at, &data, false),
+                started.array.read(read_at, 65536)
+            )
+        });
+        written.unwrap();
+        let read = read.unwrap().to_vec();
+        let before = &model[read_at as usize..read_at as usize + 65536];
+        let after: Vec<u8> = {
+            let mut m = model.clone();
+            m[at as usize..at as usize + len].copy_from_slice(&data);
+            m[read_at as usize..read_at as usize + 65536].to_vec()
+        };
+        assert!(read == before || read == after, "{level}: a read during the reshape returned other bytes");
+        model[at as usize..at as usize + len].copy_from_slice(&data);
+        steps += 1;
+        match step.expect("a reshape step") {
+            Step::Finished(MaintenanceWork::Reshape) => break,
+            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
+            other => panic!("{level}: unexpected step {other:?}"),
+        }
+        if steps % 5 == 0 {
+            // SIGKILL: no flush, no shutdown; the next start continues from the superblocks.
+            drop(started);
+            started = start(&members);
+            restarts += 1;
+            assert!(started.array.shape().reshape().is_some(), "{level}: still reshaping after a restart");
+            check_all(&started.array, &model, "after a restart");
+        }
+        assert!(steps < 10_000, "{level}: the reshape does not end");
+    }
+    assert!(restarts >= 2, "{level}: restarted {restarts} times");
+    // Grown: the new geometry, the export larger, the new space zeros.
+    let new_size = started.array.size_bytes() as usize;
+    assert!(new_size > old_size, "{level}: the export grew ({old_size} -> {new_size})");
+    assert_eq!(started.array.geometry().raid_disks(), disks + 1);
+    model.resize(new_size, 0);
+    check_all(&started.array, &model, "grown");
+    // The resync the restarts (unclean stops) left pending runs after the reshape.
+    while block_on(started.array.maintenance().step(4 << 20)).unwrap() != Step::Idle {}
+    let units = started.array.maintenance().scrub_units();
+    let counts = block_on(started.array.maintenance().scrub(0, units, false)).unwrap();
+    assert_eq!(counts.mismatch_sectors, 0, "{level}: parity matches data after the grow");
+    block_on(started.array.shutdown()).unwrap();
+    for m in &members {
+        let sb = superblock(m);
+        assert!(!sb.feature_map.intersects(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET), "{level}: done");
+        assert_eq!(sb.raid_disks as usize, disks + 1);
+        assert!(sb.data_offset < old_data_offset, "{level}: {} moved into the headroom", m.name());
+        assert!(sb.is_clean());
+    }
+    let again = start(&members);
+    assert!(again.array.shape().reshape().is_none());
+    check_all(&again.array, &model, "after a clean restart");
+}
+
+#[test]
+fn raid5_grows_by_a_member_under_writes_and_restarts() {
+    grow_under_writes_and_restarts(Level::Raid5, 3, 0x51);
+}
+
+#[test]
+fn raid6_grows_by_a_member_under_writes_and_restarts() {
+    grow_under_writes_and_restarts(Level::Raid6, 4, 0x61);
+}
+
+#[test]
+fn a_grow_is_refused_where_md_cannot_do_it_without_a_backup() {
+    let members = create(Level::Raid5, 3, 1);
+    let started = start(&members[..3]);
+    let twice: Vec<Arc<dyn Member>> = vec![members[3].clone(), members[3].clone()];
+    let err = block_on(started.array.admin().grow(twice)).unwrap_err();
+    assert!(err.to_string().contains("named twice"), "{err}");
+    let own: Vec<Arc<dyn Member>> = vec![members[0].clone()];
+    let err = block_on(started.array.admin().grow(own)).unwrap_err();
+    assert!(err.to_string().contains("already part of the array"), "{err}");
+    let small: Arc<dyn Member> = Arc::new(MemoryMember::new("small", 1 << 20));
+    let err = block_on(started.array.admin().grow(vec![small])).unwrap_err();
+    assert!(err.to_string().contains("too small"), "{err}");
+    block_on(started.array.admin().fail_role(1)).unwrap();
+    let err = block_on(started.array.admin().grow(vec![members[3].clone() as Arc<dyn Member>])).unwrap_err();
+    assert!(err.to_string().contains("in sync"), "{err}");
+}
+
+/// A member whose writes (and flushes) hang forever once the shared budget is spent: the
+/// process stops there, with what was written before on the members (a SIGKILL).
+struct Hanging {
+    inner: Arc<MemoryMember>,
+    budget: Arc<AtomicI64>,
+}
+
+impl Hanging {
+    fn spent(&self) -> bool {
+        self.budget.fetch_sub(1, Ordering::SeqCst) <= 0
+    }
+}
+
+impl Member for Hanging {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
+        self.inner.read_at(offset_bytes, buf)
+    }
+    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        if self.spent() {
+            return Box::pin(std::future::pending());
+        }
+        self.inner.write_at(offset_bytes, buf, fua)
+    }
+    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
+        if self.spent() {
+            return Box::pin(std::future::pending());
+        }
+        self.inner.flush()
+    }
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        self.inner.discard(offset_bytes, len_bytes)
+    }
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        self.inner.write_zeroes(offset_bytes, len_bytes)
+    }
+}
+
+/// Polls `f` until it is ready, or `None` when it is stuck (a hung member: the crash).
+fn run_or_crash<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = pin!(f);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    for _ in 0..1000 {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// Crashes at random member writes of the reshape (inside a window's copy, between its
+/// flush and its superblocks, half-way through the superblocks), with large windows; every
+/// restart continues from the superblocks and no byte is ever lost.
+fn grow_through_crashes(level: Level, disks: usize, seed: u64) {
+    let members = create(level, disks, 1);
+    let mut rng = Rng(seed);
+    let started = start(&members[..disks]);
+    let old_size = started.array.size_bytes() as usize;
+    let model = rng.bytes(old_size);
+    block_on(started.array.write(0, &model[..old_size / 2], false)).unwrap();
+    block_on(started.array.write((old_size / 2) as u64, &model[old_size / 2..], false)).unwrap();
+    block_on(started.array.admin().grow(vec![members[disks].clone() as Arc<dyn Member>])).unwrap();
+    drop(started);
+    let mut crashes = 0;
+    let mut done = false;
+    while !done {
+        let budget = Arc::new(AtomicI64::new(1 + (rng.next() % 24) as i64));
+        let hanging: Vec<Arc<dyn Member>> = members
+            .iter()
+            .map(|m| Arc::new(Hanging { inner: m.clone(), budget: budget.clone() }) as Arc<dyn Member>)
+            .collect();
+        let assembly = md_common::assemble(&hanging);
+        let Some(started) = run_or_crash(md::start(&assembly, &hanging, StartOptions::default())) else {
+            crashes += 1;
+            continue;
+        };
+        let started = started.expect("start");
+        let mut expected = model.clone();
+        expected.resize(started.array.size_bytes() as usize, 0);
+        check_all(&started.array, &expected, "restarted");
+        // A crash while its end was being recorded: it is over.
+        done = started.array.shape().reshape().is_none();
+        while !done {
+            match run_or_crash(started.array.maintenance().step(16 << 20)) {
+                None => {
+                    crashes += 1;
+                    break;
+                }
+                Some(Ok(Step::Finished(MaintenanceWork::Reshape))) => done = true,
+                Some(Ok(Step::Worked { work: MaintenanceWork::Reshape, .. })) => {}
+                Some(Ok(other)) => panic!("{level}: unexpected step {other:?} while reshaping"),
+                Some(Err(e)) => panic!("{level}: reshape step failed: {e}"),
+            }
+        }
+    }
+    assert!(crashes >= 5, "{level}: only {crashes} crashes");
+    let started = start(&members);
+    assert!(started.array.shape().reshape().is_none(), "{level}: finished");
+    let mut grown = model.clone();
+    grown.resize(started.array.size_bytes() as usize, 0);
+    check_all(&started.array, &grown, "grown through crashes");
+    while block_on(started.array.maintenance().step(4 << 20)).unwrap() != Step::Idle {}
+    let units = started.array.maintenance().scrub_units();
+    assert_eq!(block_on(started.array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors, 0);
+}
+
+#[test]
+fn raid5_grows_through_crashes_at_any_member_write() {
+    grow_through_crashes(Level::Raid5, 3, 0x5c);
+}
+
+#[test]
+fn raid6_grows_through_crashes_at_any_member_write() {
+    grow_through_crashes(Level::Raid6, 4, 0x6c);
+}
