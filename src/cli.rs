@@ -65,6 +65,9 @@ pub enum Command {
     Detail(DetailArgs),
     /// Scrub an array offline: compare parity/mirrors on every stripe.
     Check(CheckArgs),
+    /// Grow an array at rest by members (like `mdadm --grow --raid-devices`); a running one
+    /// grows with `raidnbd ctl grow`.
+    Grow(GrowArgs),
     /// First run: create four 1 GiB sparse members, a RAID5 over them, and serve it.
     Quickstart(QuickstartArgs),
     /// Control a running server: status, fail/remove/add/replace members, check, repair, wait.
@@ -120,13 +123,17 @@ pub enum CtlCommand {
     ReAdd { path: String },
     /// Copy a member onto a new one while it stays in service, then swap them.
     Replace { member: String, path: String },
+    /// Grow the array by members while it serves (md's reshape, like `mdadm --grow
+    /// --raid-devices N --add MEMBER`): raid4/5/6, the data start moving into the free
+    /// space before the data; the export has its new size when the reshape ends.
+    Grow(GrowOptions),
     /// Start a background check (counts mismatches, like md's mismatch_cnt).
     Check,
     /// Start a background repair (rewrites mismatching parity/mirrors).
     Repair,
     /// Stop a running check or repair.
     Idle,
-    /// Block until rebuild, resync, replace and check have ended (like mdadm --wait).
+    /// Block until rebuild, resync, replace, reshape and check have ended (like mdadm --wait).
     Wait {
         /// Give up after this long (`90s`, `5m`; a plain number is seconds), exit 1
         /// [default: wait forever].
@@ -361,6 +368,26 @@ pub struct InspectArgs {
     /// Print JSON for scripts.
     #[arg(long)]
     pub json: bool,
+    #[arg(required = true, value_name = "MEMBER")]
+    pub members: Vec<String>,
+}
+
+/// What `grow` changes.
+#[derive(Args, Debug)]
+pub struct GrowOptions {
+    /// The number of members afterwards (the current count plus the members added).
+    #[arg(short = 'n', long, value_name = "N")]
+    pub raid_devices: Option<usize>,
+    /// A new member (path or URI, as `ctl add` takes them); repeat for several.
+    #[arg(short, long = "add", value_name = "MEMBER", required = true)]
+    pub add: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct GrowArgs {
+    #[command(flatten)]
+    pub grow: GrowOptions,
+    /// The array's members now.
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<String>,
 }

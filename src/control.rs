@@ -183,6 +183,16 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
             let member = open_for_array(export, str_field(request, "path")?).await?;
             array.admin().replace(role, member).await.map_err(err)?;
         }
+        "grow" => {
+            let paths: Vec<&str> =
+                request["paths"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            crate::grow::check_count(array, request["raid_devices"].as_u64().map(|n| n as usize), paths.len())?;
+            let mut members = Vec::with_capacity(paths.len());
+            for path in paths {
+                members.push(open_for_array(export, path).await?);
+            }
+            array.admin().grow(members).await.map_err(err)?;
+        }
         "check" | "repair" => array.maintenance().start_scrub(command == "repair").map_err(err)?,
         "idle" => {
             array.maintenance().stop_scrub();
@@ -242,7 +252,9 @@ fn status(export: &ControlledExport) -> Value {
     let speed = export.worker.progress.speed_bytes_per_sec.load(Ordering::Relaxed);
     let work = maintenance.current.map(|work| {
         let unit_bytes = match work {
-            MaintenanceWork::Recovery { .. } | MaintenanceWork::Replace { .. } => SECTOR_BYTES,
+            MaintenanceWork::Recovery { .. } | MaintenanceWork::Replace { .. } | MaintenanceWork::Reshape => {
+                SECTOR_BYTES
+            }
             _ => array.size_bytes() / maintenance.total.max(1),
         };
         let remaining = maintenance.total.saturating_sub(maintenance.done) * unit_bytes;
@@ -317,6 +329,11 @@ fn status(export: &ControlledExport) -> Value {
         "last_recovery": tally(maintenance.last_recovery),
         "links": links,
         "gathered_writes": array.gathered_writes(),
+        "reshape": array.shape().reshape().map(|r| json!({
+            "from_raid_devices": r.previous.geometry().raid_disks(),
+            "to_raid_devices": array.geometry().raid_disks(),
+            "front_bytes": r.front_sectors * SECTOR_BYTES,
+        })),
         "away": array.admin().away_status().map(|a| json!({
             "since_events": a.since_events,
             "chunks_written": a.chunks_written,

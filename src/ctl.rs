@@ -61,11 +61,15 @@ fn busy(exports: &Value, only: Option<&str>) -> bool {
         // A read-only array runs no background work: nothing to wait for.
         let read_only = e["read_only"] == json!(true);
         !read_only
-            && (!e["work"].is_null() || e["resync_pending"] == json!(true) || recovering || (degraded && has_spare))
+            && (!e["work"].is_null()
+                || !e["reshape"].is_null()
+                || e["resync_pending"] == json!(true)
+                || recovering
+                || (degraded && has_spare))
     })
 }
 
-/// `ctl wait`: like mdadm --wait, returns once no rebuild, resync, replace or check runs
+/// `ctl wait`: like mdadm --wait, returns once no rebuild, resync, replace, reshape or check runs
 /// (exit 0), or after `timeout` seconds (exit 1).
 async fn wait(socket: &PathBuf, export: Option<&str>, timeout: Option<std::time::Duration>) -> Result<ExitCode> {
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
@@ -100,6 +104,11 @@ pub async fn run(args: CtlArgs) -> Result<ExitCode> {
         CtlCommand::Replace { member, path } => {
             json!({ "command": "replace", "member": member_name(member), "path": absolute(path)? })
         }
+        CtlCommand::Grow(g) => json!({
+            "command": "grow",
+            "raid_devices": g.raid_devices,
+            "paths": g.add.iter().map(|p| absolute(p)).collect::<Result<Vec<_>>>()?,
+        }),
         CtlCommand::Check => json!({ "command": "check" }),
         CtlCommand::Repair => json!({ "command": "repair" }),
         CtlCommand::Idle => json!({ "command": "idle" }),

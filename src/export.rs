@@ -87,8 +87,10 @@ fn to_device_error(e: RaidError) -> DeviceError {
 }
 
 impl BlockDevice for ArrayDevice {
+    /// The size is the array's now: a reshape that grew it shows in new connections (a
+    /// connection keeps the size it was told, as NBD wants).
     fn info(&self) -> DeviceInfo {
-        self.info.clone()
+        DeviceInfo { size_bytes: self.volume.size_bytes(), ..self.info.clone() }
     }
 
     fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {

@@ -102,6 +102,14 @@ fn examine_json(path: &str, sb: &Superblock, device_bytes: u64) -> Value {
             "bad_blocks_present": sb.feature_map.contains(FeatureMap::BAD_BLOCKS),
         })),
         "array_state": array_state_chars(sb),
+        "reshape": sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE).then(|| json!({
+            "position_sectors": sb.reshape_position,
+            "delta_disks": sb.delta_disks,
+            "new_layout": layout_name(sb.level, sb.new_layout),
+            "new_chunk_bytes": u64::from(sb.new_chunk) * SECTOR_BYTES,
+            "new_data_offset_sectors": sb.feature_map.contains(FeatureMap::NEW_OFFSET)
+                .then(|| sb.data_offset.saturating_add_signed(i64::from(sb.new_offset))),
+        })),
     })
 }
 
@@ -121,6 +129,9 @@ fn examine_text(path: &str, sb: &Superblock) -> String {
         line("Used Dev Size", format!("{} sectors ({})", sb.size, human_bytes(sb.size * SECTOR_BYTES)));
     }
     line("Data Offset", format!("{} sectors", sb.data_offset));
+    if sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET) {
+        line("New Offset", format!("{} sectors", sb.data_offset.saturating_add_signed(i64::from(sb.new_offset))));
+    }
     line("Super Offset", format!("{} sectors", sb.super_offset));
     if let Some(r) = sb.recovery_offset() {
         line("Recovery Offset", format!("{r} sectors"));
@@ -142,6 +153,12 @@ fn examine_text(path: &str, sb: &Superblock) -> String {
         line("Bad Block Log", format!("{entries} entries available at offset {} sectors{present}", sb.bblog_offset));
     }
     line("Events", sb.events.to_string());
+    if sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE) {
+        // mdadm's wording.
+        let (pos, old) = (sb.reshape_position, i64::from(sb.raid_disks) - i64::from(sb.delta_disks));
+        line("Reshape pos'n", format!("{} ({})", pos / 2, human_bytes(pos * SECTOR_BYTES)));
+        line("Delta Devices", format!("{} ({old}->{})", sb.delta_disks, sb.raid_disks));
+    }
     if let Some(layout) = layout_name(sb.level, sb.layout) {
         line("Layout", layout);
     }
@@ -235,6 +252,11 @@ fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometr
         "state": state_words(a),
         "consistency_policy": consistency_policy(meta),
         "logical_block_bytes": meta.logical_block_bytes(),
+        "reshape": meta.reshape_state().ok().flatten().map(|r| json!({
+            "from_raid_devices": r.previous_raid_disks,
+            "to_raid_devices": meta.raid_disks,
+            "position_bytes": r.position_sectors * SECTOR_BYTES,
+        })),
         "degraded": a.degraded,
         "clean": !a.dirty,
         "events": meta.events,
@@ -311,6 +333,11 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
         line("Layout", describe_layout(g));
     }
     line("Consistency Policy", consistency_policy(meta).into());
+    if let Ok(Some(r)) = meta.reshape_state() {
+        let done = r.position_sectors * SECTOR_BYTES;
+        line("Reshape Status", format!("{} of the new layout written", human_bytes(done)));
+        line("Delta Devices", format!("{}, ({}->{})", meta.delta_disks, r.previous_raid_disks, meta.raid_disks));
+    }
     if meta.logical_block_size != 0 {
         line("Logical Block Size", format!("{} bytes (recorded by Linux 6.19+)", meta.logical_block_size));
     }

@@ -16,6 +16,7 @@ mod create;
 mod ctl;
 mod duration;
 mod export;
+mod grow;
 mod inspect;
 mod link_registry;
 mod listen;
@@ -76,6 +77,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args).await?,
         Command::Examine(args) => inspect::examine(args).await?,
         Command::Detail(args) => return inspect::detail(args).await,
+        Command::Grow(args) => grow::run(args).await?,
         Command::Check(args) => {
             if check::run(args).await? {
                 return Ok(ExitCode::from(1));

@@ -8,6 +8,7 @@ mod cli_errors;
 mod crash;
 mod ctl_rebuild;
 mod fairness;
+mod grow;
 mod hostile_server;
 mod io_shape;
 mod journal;
