@@ -65,8 +65,8 @@ pub enum Command {
     Detail(DetailArgs),
     /// Scrub an array offline: compare parity/mirrors on every stripe.
     Check(CheckArgs),
-    /// Grow an array at rest by members (like `mdadm --grow --raid-devices`); a running one
-    /// grows with `raidnbd ctl grow`.
+    /// Grow or change an array at rest, as `mdadm --grow` (by members, `--size`, `--level`);
+    /// a running one with `raidnbd ctl grow`.
     Grow(GrowArgs),
     /// First run: create four 1 GiB sparse members, a RAID5 over them, and serve it.
     Quickstart(QuickstartArgs),
@@ -123,9 +123,9 @@ pub enum CtlCommand {
     ReAdd { path: String },
     /// Copy a member onto a new one while it stays in service, then swap them.
     Replace { member: String, path: String },
-    /// Grow the array by members while it serves (md's reshape, like `mdadm --grow
-    /// --raid-devices N --add MEMBER`): raid4/5/6, the data start moving into the free
-    /// space before the data; the export has its new size when the reshape ends.
+    /// Grow or change the array while it serves, as `mdadm --grow`: by members (`--add`,
+    /// raid4/5/6, a reshape; the export has its new size when it ends), to the members'
+    /// room (`--size max|SIZE`), or to another level without moving data (`--level`).
     Grow(GrowOptions),
     /// Start a background check (counts mismatches, like md's mismatch_cnt).
     Check,
@@ -378,9 +378,34 @@ pub struct GrowOptions {
     /// The number of members afterwards (the current count plus the members added).
     #[arg(short = 'n', long, value_name = "N")]
     pub raid_devices: Option<usize>,
-    /// A new member (path or URI, as `ctl add` takes them); repeat for several.
-    #[arg(short, long = "add", value_name = "MEMBER", required = true)]
+    /// A new member (path or URI, as `ctl add` takes them); repeat for several. With
+    /// `--level`, one member rebuilt into the role the new level adds.
+    #[arg(
+        short,
+        long = "add",
+        value_name = "MEMBER",
+        required_unless_present_any = ["size", "level", "layout", "chunk"],
+        conflicts_with = "size"
+    )]
     pub add: Vec<String>,
+    /// A new layout for a raid5/6 (`left-symmetric`, `right-asymmetric`, ...; a raid6 taken
+    /// over from raid5 moves Q into the rotation with `left-symmetric`): md's reshape.
+    #[arg(long, value_name = "LAYOUT", conflicts_with_all = ["size", "level"])]
+    pub layout: Option<String>,
+    /// A new chunk for a raid4/5/6 (a power of two from 4K; the members' data must be a
+    /// multiple of it): md's reshape.
+    #[arg(short, long, value_parser = parse_size, value_name = "CHUNK", conflicts_with_all = ["size", "level"])]
+    pub chunk: Option<u64>,
+    /// Change the level without moving data (md's takeover): raid1 of 2 <-> raid5, raid4 <->
+    /// raid5 (parity-last), raid5 -> raid6 (with --add: Q on the new member) and back, raid0
+    /// -> raid4/5 (with --add: the parity member) and back (its parity member failed first).
+    #[arg(short, long, value_name = "LEVEL", conflicts_with_all = ["size", "raid_devices"])]
+    pub level: Option<String>,
+    /// Use this much of every member: `max` (all there is now: the members grew) or a size
+    /// per member (`512M`, `2G`; a bare number is KiB, as mdadm's `--size`). Raid1/4/5/6/10;
+    /// new space is resynced in the background, a smaller size gives the end back.
+    #[arg(short = 'z', long, value_name = "max|SIZE", conflicts_with = "raid_devices")]
+    pub size: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, anyhow, bail};
 use member_io::{FaultOps, LinkErrorKind, LinkStats};
-use raid_core::engine::{Array, MaintenanceWork, RecoveryTally, SlotState};
+use raid_core::engine::{Array, MaintenanceWork, RecoveryTally, SizeTarget, SlotState};
 use raid_core::{Member, SECTOR_BYTES};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -69,6 +69,9 @@ pub struct ControlledExport {
     pub array: Arc<Array<dyn Member>>,
     pub worker: Worker,
     pub open_options: MemberOpenOptions,
+    /// Served through a write-back cache (a shrink is refused: cached writes past the new end
+    /// could not be written back).
+    pub write_back: bool,
 }
 
 pub struct Control {
@@ -183,15 +186,46 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
             let member = open_for_array(export, str_field(request, "path")?).await?;
             array.admin().replace(role, member).await.map_err(err)?;
         }
+        "grow" if !request["level"].is_null() => {
+            let level = crate::grow::parse_level(str_field(request, "level")?)?;
+            let paths: Vec<&str> =
+                request["paths"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            if paths.len() > 1 {
+                bail!("a level change adds at most one member (the role the new level adds)");
+            }
+            let spare = match paths.first() {
+                Some(path) => Some(open_for_array(export, path).await?),
+                None => None,
+            };
+            let changed = array.admin().change_level(level, spare).await.map_err(err)?;
+            export.worker.wake.notify_one();
+            return Ok(json!({ "level_changed": crate::grow::level_changed_line(&changed) }));
+        }
+        "grow" if !request["size"].is_null() => {
+            let target = crate::grow::parse_size_target(str_field(request, "size")?).map_err(|e| anyhow!(e))?;
+            if export.write_back && matches!(target, SizeTarget::Sectors(s) if s < array.geometry().component_sectors())
+            {
+                bail!(
+                    "{} is served with a write-back cache: a shrink is refused (cached writes past the new end \
+                     could not be written back); shrink it at rest (raidnbd grow --size)",
+                    export.name
+                );
+            }
+            let resized = array.admin().resize(target).await.map_err(err)?;
+            export.worker.wake.notify_one();
+            return Ok(crate::grow::resized_json(&resized));
+        }
         "grow" => {
             let paths: Vec<&str> =
                 request["paths"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
             crate::grow::check_count(array, request["raid_devices"].as_u64().map(|n| n as usize), paths.len())?;
+            let (layout, chunk) =
+                crate::grow::placement(array, request["layout"].as_str(), request["chunk_bytes"].as_u64())?;
             let mut members = Vec::with_capacity(paths.len());
             for path in paths {
                 members.push(open_for_array(export, path).await?);
             }
-            array.admin().grow(members).await.map_err(err)?;
+            array.admin().reshape(members, layout, chunk).await.map_err(err)?;
         }
         "check" | "repair" => array.maintenance().start_scrub(command == "repair").map_err(err)?,
         "idle" => {

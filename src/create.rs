@@ -51,7 +51,7 @@ pub fn parse_layout(level: Level, text: Option<&str>) -> Result<Option<u32>> {
 }
 
 /// Checks a chunk size and converts it to sectors.
-fn chunk_sectors(chunk_bytes: u64) -> Result<u32> {
+pub fn chunk_sectors(chunk_bytes: u64) -> Result<u32> {
     if chunk_bytes < 4096 || !chunk_bytes.is_power_of_two() || chunk_bytes > 64 << 20 {
         bail!("chunk size {} must be a power of two between 4K and 64M", format_size(chunk_bytes));
     }

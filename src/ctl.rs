@@ -104,11 +104,24 @@ pub async fn run(args: CtlArgs) -> Result<ExitCode> {
         CtlCommand::Replace { member, path } => {
             json!({ "command": "replace", "member": member_name(member), "path": absolute(path)? })
         }
-        CtlCommand::Grow(g) => json!({
-            "command": "grow",
-            "raid_devices": g.raid_devices,
-            "paths": g.add.iter().map(|p| absolute(p)).collect::<Result<Vec<_>>>()?,
-        }),
+        CtlCommand::Grow(g) => match &g.size {
+            None if g.level.is_some() => json!({
+                "command": "grow",
+                "level": g.level,
+                "paths": g.add.iter().map(|p| absolute(p)).collect::<Result<Vec<_>>>()?,
+            }),
+            Some(size) => {
+                crate::grow::parse_size_target(size).map_err(|e| anyhow!(e))?;
+                json!({ "command": "grow", "size": size })
+            }
+            None => json!({
+                "command": "grow",
+                "raid_devices": g.raid_devices,
+                "paths": g.add.iter().map(|p| absolute(p)).collect::<Result<Vec<_>>>()?,
+                "layout": g.layout,
+                "chunk_bytes": g.chunk,
+            }),
+        },
         CtlCommand::Check => json!({ "command": "check" }),
         CtlCommand::Repair => json!({ "command": "repair" }),
         CtlCommand::Idle => json!({ "command": "idle" }),
@@ -119,6 +132,12 @@ pub async fn run(args: CtlArgs) -> Result<ExitCode> {
         req["export"] = json!(export);
     }
     let reply = request(&socket, req).await?;
+    if let Some(line) = crate::grow::resized_line(&reply) {
+        println!("{line}");
+    }
+    if let Some(line) = reply["level_changed"].as_str() {
+        println!("{line}");
+    }
     if let CtlCommand::Status { json } = args.command {
         if json {
             println!("{}", serde_json::to_string_pretty(&reply["exports"])?);

@@ -303,6 +303,7 @@ async fn start(settings: Settings) -> Result<Started> {
             array: opened.array.clone(),
             worker,
             open_options: plan.options,
+            write_back: settings.cache == CacheMode::Writeback && !read_only,
         });
         arrays.push(opened.array);
     }

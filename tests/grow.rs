@@ -11,18 +11,18 @@ use serde_json::Value;
 
 use crate::util::*;
 
-fn writer() -> std::path::PathBuf {
+pub(crate) fn writer() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/crash_writer.py")
 }
 
-fn status(d: &Path, sock: &str) -> Value {
+pub(crate) fn status(d: &Path, sock: &str) -> Value {
     let out = assert_ok(&raidnbd(d, &["ctl", "--socket", sock, "status", "--json"]));
     serde_json::from_str::<Value>(&out).unwrap()[0].clone()
 }
 
 /// A fio job with verify over the region `[64 MiB, 80 MiB)` (the crash writer uses the first
 /// 64 MiB): `args` add to it (`--do_verify=1` writes and verifies, `--verify_only` checks).
-fn fio_region(uri: &str, args: &[&str]) -> Command {
+pub(crate) fn fio_region(uri: &str, args: &[&str]) -> Command {
     let mut fio = Command::new("fio");
     fio.args([
         "--name=grow",
@@ -41,13 +41,48 @@ fn fio_region(uri: &str, args: &[&str]) -> Command {
     fio
 }
 
+/// Ten rounds of: the crash writer (its log verified first) writing through `served`, a
+/// SIGKILL of the server after a random pause, `inside(status, round)` checked just before the
+/// kill (it lands inside the work under test), and a restart with `serve`, after which
+/// `after(status, round)` is checked. Returns the server of the last restart.
+pub(crate) fn sigkill_rounds(
+    d: &Path,
+    sock: &str,
+    log: &Path,
+    mut served: Served,
+    serve: impl Fn() -> Served,
+    inside: impl Fn(&Value, u64),
+    after: impl Fn(&Value, u64),
+) -> Served {
+    for round in 0..10u64 {
+        let uri = served.uri("a");
+        run_ok(Command::new(PYTHON).arg(writer()).arg(&uri).arg(log).arg("verify"));
+        let mut client = Command::new(PYTHON)
+            .arg(writer())
+            .arg(&uri)
+            .arg(log)
+            .arg(round.to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("writer");
+        std::thread::sleep(Duration::from_millis(300 + (round * 7919) % 900));
+        inside(&status(d, sock), round);
+        served.child.kill().expect("SIGKILL the server");
+        served.child.wait().unwrap();
+        client.wait().unwrap();
+        served = serve();
+        after(&status(d, sock), round);
+    }
+    served
+}
+
 /// `mdadm --examine` of `member` as "Key : value" pairs.
-fn mdadm_examine(member: &Path) -> Vec<(String, String)> {
+pub(crate) fn mdadm_examine(member: &Path) -> Vec<(String, String)> {
     let out = run_ok(Command::new("mdadm").arg("--examine").arg(member));
     out.lines().filter_map(|l| l.split_once(" : ")).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
 }
 
-fn field<'a>(fields: &'a [(String, String)], key: &str) -> &'a str {
+pub(crate) fn field<'a>(fields: &'a [(String, String)], key: &str) -> &'a str {
     fields.iter().find(|(k, _)| k == key).map_or("", |(_, v)| v.as_str())
 }
 
@@ -100,30 +135,15 @@ fn a_raid5_grows_online_through_sigkills_under_writes() {
     assert_eq!(s["size_bytes"], old_size, "the export keeps its size while it grows");
     // fio writes its region and verifies it while the reshape runs.
     run_ok(&mut fio_region(&served.uri("a"), &["--do_verify=1"]));
-    let mut served = served;
-    let mut kills = 0;
-    for seed in 0..10u64 {
-        let uri = served.uri("a");
-        run_ok(Command::new(PYTHON).arg(writer()).arg(&uri).arg(&log).arg("verify"));
-        let mut client = Command::new(PYTHON)
-            .arg(writer())
-            .arg(&uri)
-            .arg(&log)
-            .arg(seed.to_string())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("writer");
-        std::thread::sleep(Duration::from_millis(300 + (seed * 7919) % 900));
-        assert!(!status(d, &sock)["reshape"].is_null(), "round {seed}: the kill lands inside the reshape");
-        served.child.kill().expect("SIGKILL the server");
-        served.child.wait().unwrap();
-        client.wait().unwrap();
-        kills += 1;
-        served = serve(&grown);
-        let s = status(d, &sock);
-        assert!(!s["reshape"].is_null(), "round {seed}: the restart continues the reshape: {s:#}");
-    }
-    assert_eq!(kills, 10);
+    let served = sigkill_rounds(
+        d,
+        &sock,
+        &log,
+        served,
+        || serve(&grown),
+        |s, round| assert!(!s["reshape"].is_null(), "round {round}: the kill lands inside the reshape"),
+        |s, round| assert!(!s["reshape"].is_null(), "round {round}: the restart continues the reshape: {s:#}"),
+    );
     // Full speed to the end.
     assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "100M", "200M"]));
     assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "wait", "--timeout", "120s"]));
@@ -186,8 +206,185 @@ fn an_array_at_rest_grows_and_refusals_say_why() {
     assert!(back[data.len()..].iter().all(|&b| b == 0), "the rest reads as zeros");
     mdadm_agrees(d, &members, 6);
 
+    // A linear array grows by appending a member (md's linear hot-add): nothing moves.
+    assert_ok(&raidnbd(d, &["create", "--level", "linear", "--size", "16M", "l0", "l1"]));
+    std::fs::File::create(d.join("l2")).unwrap().set_len(24 << 20).unwrap();
+    let before: Value = serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "l0", "l1"]))).unwrap();
+    let out = assert_ok(&raidnbd(d, &["grow", "--add", "l2", "l0", "l1"]));
+    assert!(out.contains("3 members"), "{out}");
+    let after: Value = serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "l0", "l1", "l2"]))).unwrap();
+    let grown = after["array_size_bytes"].as_u64().unwrap() - before["array_size_bytes"].as_u64().unwrap();
+    assert!(grown > 20 << 20, "the third member's room is appended: {grown}");
+    let linear = ["l0", "l1", "l2"];
+    mdadm_agrees(d, &linear, 3);
+
     // A raid5 with md's partial parity log (its default) is not reshaped, as md does not.
     assert_ok(&raidnbd(d, &["create", "--level", "5", "--size", "24M", "p0", "p1", "p2"]));
     std::fs::File::create(d.join("p3")).unwrap().set_len(24 << 20).unwrap();
     assert_user_error(&raidnbd(d, &["grow", "--add", "p3", "p0", "p1", "p2"]), "partial parity log");
+}
+
+/// What mdadm and raidnbd say of the size of each member after a resize agree.
+fn mdadm_agrees_on_size(d: &Path, members: &[&str], used_dev_sectors: u64, array_bytes: u64) {
+    require_tool("mdadm", "mdadm");
+    let ours: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["examine", "--json"][..], members].concat()))).unwrap();
+    for (i, m) in members.iter().enumerate() {
+        let theirs = mdadm_examine(&d.join(m));
+        assert_eq!(ours[i]["used_dev_sectors"], used_dev_sectors, "{m}");
+        assert!(field(&theirs, "Array Size").starts_with(&format!("{} KiB", array_bytes / 1024)), "{m}: {theirs:?}");
+        let avail = ours[i]["avail_dev_sectors"].as_u64().unwrap();
+        assert!(avail >= used_dev_sectors, "{m}: data_size {avail}");
+        assert!(field(&theirs, "Avail Dev Size").starts_with(&format!("{avail} sectors")), "{m}: {theirs:?}");
+        // mdadm prints the used size only where it differs from the available one.
+        let used = field(&theirs, "Used Dev Size");
+        assert!(
+            used.starts_with(&format!("{used_dev_sectors} sectors")) || (used.is_empty() && avail == used_dev_sectors),
+            "{m}: {theirs:?}"
+        );
+    }
+}
+
+/// The members grew (a resized cloud volume): `ctl grow --size max` takes the room while a
+/// client writes, new connections see the new size, SIGKILLs during the resync of the new
+/// space lose nothing, and at the end parity matches and mdadm reads the new size.
+#[test]
+fn a_raid5_takes_the_room_its_members_grew_online_through_sigkills() {
+    require_libnbd_python();
+    require_tool("fio", "fio");
+    let dir = tempdir();
+    let d = dir.path();
+    let create = ["create", "--level", "5", "--chunk", "64K", "--consistency-policy", "resync", "--size", "48M"];
+    let members = ["m0", "m1", "m2"];
+    assert_ok(&raidnbd(d, &[&create[..], &members].concat()));
+    let log = d.join("durable.log");
+    let sock = d.join("c.sock").to_str().unwrap().to_string();
+    let serve = || {
+        let served = Served::start(d, "a", &["--control", &sock], &members);
+        // Slow enough that the kills land in the resync of the new space.
+        assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "1M", "2M"]));
+        served
+    };
+    let served = serve();
+    let old_size = status(d, &sock)["size_bytes"].as_u64().unwrap();
+    run_ok(&mut fio_region(&served.uri("a"), &["--do_verify=1"]));
+    // Nothing grew yet: max is the size it has.
+    let out = assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--size", "max"]));
+    assert!(out.contains("keeps its size"), "{out}");
+    for m in members {
+        std::fs::OpenOptions::new().write(true).open(d.join(m)).unwrap().set_len(96 << 20).unwrap();
+    }
+    let out = assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--size", "max"]));
+    assert!(out.contains("grew"), "{out}");
+    let s = status(d, &sock);
+    let new_size = s["size_bytes"].as_u64().unwrap();
+    assert!(new_size > old_size + (80 << 20), "about 2 x 48 MiB more: {old_size} -> {new_size}");
+    assert_eq!(s["resync_pending"], true, "the new space is resynced: {s:#}");
+    let size = run_ok(Command::new("nbdinfo").args(["--size", &served.uri("a")]));
+    assert_eq!(size.trim(), new_size.to_string(), "a new connection sees the new size");
+    // fio writes a region of the new space too, before the resync got there.
+    let mut new_region = fio_region(&served.uri("a"), &["--do_verify=1"]);
+    new_region.arg(format!("--offset={}", old_size + (16 << 20)));
+    run_ok(&mut new_region);
+    let served = sigkill_rounds(
+        d,
+        &sock,
+        &log,
+        served,
+        serve,
+        |s, round| assert_eq!(s["resync_pending"], true, "round {round}: the kill lands inside the resync"),
+        |s, round| assert_eq!(s["size_bytes"], new_size, "round {round}: the new size survives a SIGKILL"),
+    );
+    assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "100M", "200M"]));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while status(d, &sock)["resync_pending"] == true {
+        assert!(Instant::now() < deadline, "the resync did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    run_ok(Command::new(PYTHON).arg(writer()).arg(served.uri("a")).arg(&log).arg("verify"));
+    run_ok(&mut fio_region(&served.uri("a"), &["--verify_only"]));
+    let mut new_region = fio_region(&served.uri("a"), &["--verify_only"]);
+    new_region.arg(format!("--offset={}", old_size + (16 << 20)));
+    run_ok(&mut new_region);
+    served.stop();
+    let check: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "parity matches the data in the new space too");
+    let detail: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &members].concat()))).unwrap();
+    assert_eq!(detail["array_size_bytes"], new_size);
+    let used = detail["used_dev_size_bytes"].as_u64().unwrap() / 512;
+    mdadm_agrees_on_size(d, &members, used, new_size);
+}
+
+/// At rest: `raidnbd grow --size` shrinks and grows a mirror (the next serve resyncs the new
+/// space), and what cannot be resized says why.
+#[test]
+fn an_array_at_rest_changes_its_size_and_refusals_say_why() {
+    let dir = tempdir();
+    let d = dir.path();
+    // A write-intent bitmap of 4 KiB chunks: its room holds about 120 MiB of them, so the grow
+    // to 256 MiB members doubles its chunk (as md_bitmap_resize).
+    assert_ok(&raidnbd(
+        d,
+        &["create", "--level", "1", "--bitmap", "internal", "--bitmap-chunk", "4K", "--size", "32M", "m0", "m1"],
+    ));
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
+    std::fs::write(d.join("data"), &data).unwrap();
+    {
+        let served = Served::start(d, "a", &[], &["m0", "m1"]);
+        run_ok(Command::new("nbdcopy").arg(d.join("data")).arg(served.uri("a")));
+        served.stop();
+    }
+    assert_user_error(&raidnbd(d, &["grow", "--size", "1000M", "m0", "m1"]), "has room for");
+    assert_user_error(&raidnbd(d, &["grow", "--size", "100", "m0", "m1"]), "not a multiple of 64 KiB");
+    let out = assert_ok(&raidnbd(d, &["grow", "--size", "16M", "m0", "m1"]));
+    assert!(out.contains("shrank"), "{out}");
+    let detail: Value = serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "m0", "m1"]))).unwrap();
+    assert_eq!(detail["array_size_bytes"], 16 << 20);
+    for m in ["m0", "m1"] {
+        std::fs::OpenOptions::new().write(true).open(d.join(m)).unwrap().set_len(256 << 20).unwrap();
+    }
+    let out = assert_ok(&raidnbd(d, &["grow", "--size", "max", "m0", "m1"]));
+    assert!(out.contains("grew"), "{out}");
+    let detail: Value = serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "m0", "m1"]))).unwrap();
+    let size = detail["array_size_bytes"].as_u64().unwrap();
+    assert!(size > 250 << 20 && size.is_multiple_of(64 << 10), "{size}");
+    // The resized bitmap, read as md_p.h lays it out (bitmap_super_s, 8 sectors after the
+    // superblock, as mdadm --examine says): the new sync size, a larger chunk, the new space
+    // dirty.
+    let examined = mdadm_examine(&d.join("m0"));
+    assert_eq!(field(&examined, "Internal Bitmap"), "8 sectors from superblock", "{examined:?}");
+    let image = std::fs::read(d.join("m0")).unwrap();
+    let bitmap = &image[8192..];
+    let le32 = |at: usize| u32::from_le_bytes(bitmap[at..at + 4].try_into().unwrap()) as u64;
+    let le64 = |at: usize| u64::from_le_bytes(bitmap[at..at + 8].try_into().unwrap());
+    assert_eq!(&bitmap[..4], b"bitm");
+    assert_eq!(le64(40), size / 512, "sync_size: the new size");
+    let chunk = le32(52);
+    assert!(chunk > 4096 && chunk.is_power_of_two(), "the bitmap chunk doubled: {chunk}");
+    let bits = size.div_ceil(chunk) as usize;
+    assert!(bits as u64 <= (le32(64) * 512 - 256) * 8, "the bits fit the room reserved");
+    let is_set = |bit: usize| bitmap[256 + bit / 8] & (1 << (bit % 8)) != 0;
+    let old_end = (16 << 20) / chunk as usize;
+    assert!((old_end + 1..bits).all(is_set), "the new space is dirty in the bitmap");
+    let sock = d.join("c.sock").to_str().unwrap().to_string();
+    let served = Served::start(d, "a", &["--control", &sock], &["m0", "m1"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status(d, &sock)["resync_pending"] == true {
+        assert!(Instant::now() < deadline, "the resync of the new space did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run_ok(Command::new("nbdcopy").arg(served.uri("a")).arg(d.join("back")));
+    served.stop();
+    let back = std::fs::read(d.join("back")).unwrap();
+    assert_eq!(back.len() as u64, size);
+    assert!(back[..data.len()] == data[..], "the data survives the shrink and the grow");
+    let check: Value = serde_json::from_str(&assert_ok(&raidnbd(d, &["check", "--json", "m0", "m1"]))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "the mirrors agree in the new space");
+    mdadm_agrees_on_size(d, &["m0", "m1"], size / 512, size);
+
+    assert_ok(&raidnbd(d, &["create", "--level", "0", "--size", "16M", "z0", "z1"]));
+    assert_user_error(&raidnbd(d, &["grow", "--size", "max", "z0", "z1"]), "grow it by members");
+    assert_usage_error(&raidnbd(d, &["grow", "z0", "z1"]), "required arguments");
 }

@@ -835,3 +835,64 @@ fn a_raid5_with_a_parity_log_takes_a_returning_member_back_copying_only_what_was
     assert_eq!(check["mismatch_cnt"], 0, "{check}");
     assert!(away_files(d).is_empty());
 }
+
+/// A member export that grew (its file extended, its server restarted on the way): the
+/// reconnect takes it back as the same disk, and `ctl grow --size max` takes the room of the
+/// local and the remote member alike; the new space is resynced and both copies agree.
+#[test]
+fn a_member_export_that_grew_is_reconnected_and_its_room_taken() {
+    require_tool("nbdkit", "nbdkit");
+    let dir = tempdir();
+    let d = dir.path();
+    let (remote_file, port) = new_file(d, "remote.img", 32 << 20);
+    let mut server = Peers { children: vec![nbdkit_file(&remote_file, port)] };
+    let uri = format!("nbd://127.0.0.1:{port}/?connections=2");
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "local.img", &uri]));
+    let control = d.join("control.sock");
+    let served = Served::start(
+        d,
+        "m",
+        &["--member-timeout", "10", "--control", control.to_str().unwrap()],
+        &["local.img", &uri],
+    );
+    let array = served.uri("m");
+    python(&array, "h.pwrite(b'\\x51' * (1 << 20), 0)\nh.flush()");
+    let old_size = ctl_status(d, &control)["size_bytes"].as_u64().unwrap();
+    // Both volumes grow; the remote one's server restarts on the way.
+    for file in [d.join("local.img"), remote_file.clone()] {
+        std::fs::OpenOptions::new().write(true).open(file).unwrap().set_len(64 << 20).unwrap();
+    }
+    let _ = server.children[0].kill();
+    let _ = server.children[0].wait();
+    server.children[0] = nbdkit_file(&remote_file, port);
+    python(&array, "h.pwrite(b'\\x52' * 65536, 1 << 20)\nh.flush()");
+    let status = ctl_status(d, &control);
+    assert_eq!(role_state(&status, &uri), "in_sync", "a grown export is the same disk: {status:#}");
+    let out = assert_ok(&raidnbd(d, &["ctl", "--socket", control.to_str().unwrap(), "grow", "--size", "max"]));
+    assert!(out.contains("grew"), "{out}");
+    let new_size = ctl_status(d, &control)["size_bytes"].as_u64().unwrap();
+    assert!(new_size >= old_size + (31 << 20), "{old_size} -> {new_size}");
+    // A new connection sees it and writes the new space.
+    python(
+        &array,
+        &format!(
+            "assert h.get_size() == {new_size}\nh.pwrite(b'\\x53' * 65536, {at})\nh.flush()\n\
+             assert h.pread(65536, {at}) == b'\\x53' * 65536\nassert h.pread(65536, 0) == b'\\x51' * 65536",
+            at = new_size - 65536
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ctl_status(d, &control)["resync_pending"] == true {
+        assert!(Instant::now() < deadline, "the resync of the new space did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = served.stop();
+    assert!(log.contains("NBD member grew"), "{log}");
+    assert!(!log.contains("the member fails"), "{log}");
+    let check: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["check", "--json", "local.img", &uri]))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "both copies agree in the new space: {check}");
+    let detail: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["detail", "--json", "local.img", &uri]))).unwrap();
+    assert_eq!(detail["array_size_bytes"], new_size, "{detail}");
+}

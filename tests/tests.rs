@@ -12,6 +12,7 @@ mod grow;
 mod hostile_server;
 mod io_shape;
 mod journal;
+mod level;
 mod md_today;
 mod metrics;
 mod misbehaving_members;

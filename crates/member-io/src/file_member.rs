@@ -278,6 +278,9 @@ macro_rules! file_member_type {
             fn len_bytes(&self) -> u64 {
                 self.inner.file.len_bytes()
             }
+            fn refresh_len(&self) -> IoFuture<'_, io::Result<u64>> {
+                Box::pin(std::future::ready(self.inner.file.refresh_len()))
+            }
             fn alignment(&self) -> usize {
                 self.inner.file.align_bytes()
             }

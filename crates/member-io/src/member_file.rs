@@ -6,14 +6,16 @@
 //!   stat ─► regular file | block device (else NotFileOrBlockDevice)
 //!   open(O_DIRECT) ─EINVAL & direct=auto─► open(buffered)
 //!   statx(DIOALIGN) ─unsupported or >4096 & direct=auto─► reopen buffered
-//!   size: st_size (file) | lseek(END) (block device), fixed for the member's lifetime
+//!   size: st_size (file) | lseek(END) (block device); asked again by refresh_len, only grows
 //! ```
 //!
 //! Writable block devices are opened with O_EXCL (an exclusive claim, like mdadm): a
 //! mounted filesystem or a device another array uses cannot become a member by mistake.
 //!
-//! The member's size is taken once at open: the array geometry depends on it, and a file
-//! that shrinks under us must make reads fail rather than silently change the geometry.
+//! The member's size is taken at open and again when the array asks (`refresh_len`: a
+//! volume resized in the cloud, a file extended) and it only grows: the array geometry
+//! depends on it, and a file that shrinks under us must make reads fail rather than
+//! silently change the geometry.
 //! The file descriptor lives in an `Arc` shared by every request in flight ([`FileRef`]),
 //! so closing a member while the kernel still works on it can never recycle the fd.
 
@@ -23,7 +25,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use raid_core::buf::BUF_ALIGN;
@@ -39,7 +41,7 @@ pub(crate) struct MemberFile {
     file: Arc<File>,
     name: String,
     is_block_device: bool,
-    len_bytes: u64,
+    len_bytes: AtomicU64,
     direct: bool,
     align_bytes: usize,
     read_only: bool,
@@ -62,7 +64,13 @@ impl MemberFile {
         &self.file
     }
     pub(crate) fn len_bytes(&self) -> u64 {
-        self.len_bytes
+        self.len_bytes.load(Ordering::Acquire)
+    }
+    /// The device's size now; a larger one is taken from here on (see the module docs).
+    pub(crate) fn refresh_len(&self) -> io::Result<u64> {
+        let now = device_len(&self.file, self.is_block_device)?;
+        self.len_bytes.fetch_max(now, Ordering::AcqRel);
+        Ok(now)
     }
     pub(crate) fn is_direct(&self) -> bool {
         self.direct
@@ -146,18 +154,15 @@ pub(crate) fn open_member_file(path: &Path, direct: DirectMode, read_only: bool)
         },
     };
 
-    let len_bytes = if is_block_device {
-        (&file).seek(SeekFrom::End(0)).map_err(|source| MemberIoError::Stat { path: path.into(), source })?
-    } else {
-        meta.len()
-    };
+    let len_bytes =
+        device_len(&file, is_block_device).map_err(|source| MemberIoError::Stat { path: path.into(), source })?;
     debug_assert!(align_bytes.is_power_of_two() && align_bytes <= BUF_ALIGN);
     let in_memory = !is_block_device && !direct && is_memory_backed(path);
     Ok(MemberFile {
         file: Arc::new(file),
         name: path.display().to_string(),
         is_block_device,
-        len_bytes,
+        len_bytes: AtomicU64::new(len_bytes),
         direct,
         align_bytes,
         read_only,
@@ -167,6 +172,12 @@ pub(crate) fn open_member_file(path: &Path, direct: DirectMode, read_only: bool)
         zero_range_unsupported: AtomicBool::new(false),
         allocate_unsupported: AtomicBool::new(false),
     })
+}
+
+/// The size of an open member: a block device's end, a file's length. Seeking moves the
+/// shared file position, which no member I/O uses (all of it is positional).
+fn device_len(file: &File, is_block_device: bool) -> io::Result<u64> {
+    if is_block_device { (&*file).seek(SeekFrom::End(0)) } else { Ok(file.metadata()?.len()) }
 }
 
 /// `exclusive` adds O_EXCL, which on a block device claims it (EBUSY if it is mounted,

@@ -157,6 +157,10 @@ impl<M: Member, D: Decoration> Member for Decorated<M, D> {
         self.inner.len_bytes()
     }
 
+    fn refresh_len(&self) -> IoFuture<'_, io::Result<u64>> {
+        self.inner.refresh_len()
+    }
+
     fn alignment(&self) -> usize {
         self.inner.alignment()
     }

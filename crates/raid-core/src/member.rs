@@ -49,6 +49,14 @@ pub trait Member: Send + Sync {
     /// Size of the member device in bytes.
     fn len_bytes(&self) -> u64;
 
+    /// The device's size now, asked again (it may have grown since it was opened: a volume
+    /// resized in the cloud, a file extended). A larger size is taken for this member's range
+    /// checks from here on, a smaller one never (a device that shrank under the array keeps
+    /// failing what lies past its end). By default, [`len_bytes`](Self::len_bytes).
+    fn refresh_len(&self) -> IoFuture<'_, io::Result<u64>> {
+        Box::pin(std::future::ready(Ok(self.len_bytes())))
+    }
+
     /// Required alignment (bytes, power of two, 1..=4096) of offsets, lengths and buffers.
     fn alignment(&self) -> usize {
         512
@@ -112,6 +120,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     fn len_bytes(&self) -> u64 {
         (**self).len_bytes()
     }
+    fn refresh_len(&self) -> IoFuture<'_, io::Result<u64>> {
+        (**self).refresh_len()
+    }
     fn alignment(&self) -> usize {
         (**self).alignment()
     }
@@ -169,6 +180,14 @@ impl MemoryMember {
     pub fn new(name: impl Into<String>, len_bytes: u64) -> Self {
         let len = usize::try_from(len_bytes).expect("memory member fits in memory");
         Self { name: name.into(), data: Mutex::new(vec![0; len]) }
+    }
+
+    /// Grows the member to `len_bytes` (zeros), as a resized volume (tests).
+    pub fn grow_to(&self, len_bytes: u64) {
+        let len = usize::try_from(len_bytes).expect("memory member fits in memory");
+        let mut data = self.data.lock().expect("memory member lock");
+        assert!(len >= data.len(), "a memory member only grows");
+        data.resize(len, 0);
     }
 
     /// A copy of the whole member content.

@@ -310,7 +310,13 @@ struct TailStore;
 
 impl MetadataStore for TailStore {
     fn summary(&self) -> MetadataSummary {
-        MetadataSummary { uuid: [0; 16], events: 0, bitmap_events_cleared: None, headroom_sectors: None }
+        MetadataSummary {
+            uuid: [0; 16],
+            events: 0,
+            bitmap_events_cleared: None,
+            headroom_sectors: None,
+            bitmap_room_chunks: None,
+        }
     }
     fn apply(&mut self, change: &StateChange) -> Result<Vec<SuperblockWrite>, raid_core::RaidError> {
         let StateChange::JournalTail { sectors } = change else { return Ok(Vec::new()) };

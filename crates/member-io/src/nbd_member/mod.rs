@@ -33,7 +33,7 @@ mod log_limit;
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -59,7 +59,8 @@ pub const VIOLATION_WINDOW: Duration = Duration::from_secs(600);
 pub struct NbdMember {
     name: String,
     address: ExportAddress,
-    len_bytes: u64,
+    /// The export's size: what it said at connect, larger after [`Member::refresh_len`] saw it grow.
+    len_bytes: AtomicU64,
     alignment: usize,
     /// Largest piece of one READ/WRITE (the export's maximum payload, whole alignments).
     piece_bytes: u64,
@@ -180,7 +181,7 @@ impl NbdMember {
             identity: Mutex::new(identity),
             name: uri.to_string(),
             address: address.clone(),
-            len_bytes: d.size_bytes,
+            len_bytes: AtomicU64::new(d.size_bytes),
             alignment,
             piece_bytes: piece_bytes.max(alignment as u64),
             can_flush: d.can_flush(),
@@ -232,7 +233,7 @@ impl NbdMember {
     }
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(&self.name, self.len_bytes, offset, len)
+        check_range(&self.name, self.len_bytes(), offset, len)
     }
 
     /// A warning about this member, unless too many were logged lately (then counted).
@@ -366,10 +367,11 @@ impl NbdMember {
             immediate = false;
             let attempt = async {
                 let first = Client::connect(&self.address, &config).await?;
-                if first.details().size_bytes != self.len_bytes {
+                // Larger is the same disk grown (a resized volume; `refresh` takes the room).
+                if first.details().size_bytes < self.len_bytes() {
                     return Ok(Err(first.details().size_bytes));
                 }
-                let now = read_identity(&first, self.len_bytes).await?;
+                let now = read_identity(&first, self.len_bytes()).await?;
                 let clients = more_connections(&self.address, &config, first, self.connections).await?;
                 Ok(Ok((clients, now)))
             };
@@ -397,7 +399,7 @@ impl NbdMember {
                     continue;
                 }
                 Ok(Ok(Err(size))) => {
-                    let failed = format!("the export came back with {size} bytes instead of {}", self.len_bytes);
+                    let failed = format!("the export came back with {size} bytes, fewer than {}", self.len_bytes());
                     self.link.record_error(LinkErrorKind::IdentityChanged, failed.clone());
                     return Err(self.give_up(&mut self.lock(), LinkState::Replaced(failed)));
                 }
@@ -424,6 +426,67 @@ impl NbdMember {
             info!(member = %self.name, reconnects = n, "NBD member reconnected; requests re-sent");
             return Ok(());
         }
+    }
+
+    /// The export's size now, from a new connection. When it grew (and the export is still
+    /// the same disk), every connection is replaced by ones that see the new size, after a
+    /// FLUSH of the old ones so that nothing acknowledged depends on a connection that goes.
+    /// The array asks while no request of its own is in flight; a write that was anyway
+    /// leaves the old connections in place and the refresh fails (to be asked again).
+    async fn refresh(&self) -> io::Result<u64> {
+        let config = client_config(self.member_timeout);
+        let len = self.len_bytes();
+        let timed_out = || {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{}: no answer within {:?}", self.name, self.member_timeout),
+            )
+        };
+        let probe = tokio::time::timeout(self.member_timeout, Client::connect(&self.address, &config))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(io::Error::from)?;
+        let size = probe.details().size_bytes;
+        if size <= len {
+            return Ok(size);
+        }
+        let seen = tokio::time::timeout(self.member_timeout, read_identity(&probe, len))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(io::Error::from)?;
+        lock(&self.identity)
+            .recognise(seen.as_deref())
+            .map_err(|why| io::Error::other(format!("{}: its size is not taken: {why}", self.name)))?;
+        self.flush().await?;
+        let clients = tokio::time::timeout(
+            self.member_timeout,
+            more_connections(&self.address, &config, probe, self.connections),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(io::Error::from)?;
+        let _one = self.reconnecting.lock().await;
+        let mut c = self.lock();
+        if let Some(why) = &c.failed {
+            return Err(io::Error::other(format!("{}: {why}", self.name)));
+        }
+        if c.acked_writes > c.flushed_writes {
+            return Err(io::Error::other(format!(
+                "{}: writes arrived while its new size was taken; ask again",
+                self.name
+            )));
+        }
+        for old in &c.clients {
+            old.abandon("replaced by connections that see the export's new size");
+        }
+        c.clients = clients;
+        c.generation += 1;
+        c.acked_writes = 0;
+        c.flushed_writes = 0;
+        self.len_bytes.store(size, Ordering::Release);
+        drop(c);
+        info!(member = %self.name, from_bytes = len, to_bytes = size, "NBD member grew: connections replaced");
+        Ok(size)
     }
 
     async fn write_piece(&self, offset: u64, piece: Bytes, fua: bool) -> io::Result<()> {
@@ -492,7 +555,11 @@ impl Member for NbdMember {
     }
 
     fn len_bytes(&self) -> u64 {
-        self.len_bytes
+        self.len_bytes.load(Ordering::Acquire)
+    }
+
+    fn refresh_len(&self) -> IoFuture<'_, io::Result<u64>> {
+        Box::pin(self.refresh())
     }
 
     fn alignment(&self) -> usize {

@@ -12,11 +12,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::away::{AwayStart, AwayStatus, AwayStore};
+use super::resize::{Resized, SizeTarget};
 use super::slot::{Device, Replacement, SlotState};
+use super::takeover::LevelChanged;
 use super::{Array, META_LOCK_KEY, MetadataSummary, RoleStatus, StateChange};
 use crate::SECTOR_BYTES;
 use crate::bad_ranges::BadRanges;
 use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::Level;
 use crate::member::Member;
 
 /// The administration handle of an array (see the module docs).
@@ -54,7 +57,14 @@ impl<M: Member + ?Sized> Admin<'_, M> {
     /// this returns and moves the data in the background (`Maintenance`); the export has its
     /// new size when it ends.
     pub async fn grow(&self, members: Vec<Arc<M>>) -> Result<()> {
-        self.array.check_writable("grow")?;
+        self.reshape(members, None, None).await
+    }
+
+    /// md's reshape of a raid4/5/6 in general (`mdadm --grow --raid-devices N --add MEMBER
+    /// --layout L --chunk C`): onto `members` (may be none), to `layout` and `chunk_sectors`
+    /// (`None`: as now). Recorded before this returns, the data moved in the background.
+    pub async fn reshape(&self, members: Vec<Arc<M>>, layout: Option<u32>, chunk_sectors: Option<u32>) -> Result<()> {
+        self.array.check_writable("reshape")?;
         let mut devices = Vec::with_capacity(members.len());
         for member in members {
             if devices.iter().any(|d: &Device<M>| d.member.name() == member.name()) {
@@ -62,7 +72,36 @@ impl<M: Member + ?Sized> Admin<'_, M> {
             }
             devices.push(self.new_device(member).await?);
         }
-        self.array.begin_grow(devices).await
+        if self.array.layout().geometry().level() == Level::Linear && layout.is_none() && chunk_sectors.is_none() {
+            return self.array.append(devices).await;
+        }
+        self.array.begin_reshape(devices, layout, chunk_sectors).await
+    }
+
+    /// Changes how much of every member the array uses (md's `--grow --size`,
+    /// engine/resize.rs): the devices are asked their size again, the export has its new
+    /// size on return, and new space is resynced in the background (`Maintenance`).
+    pub async fn resize(&self, target: SizeTarget) -> Result<Resized> {
+        self.array.resize(target).await
+    }
+
+    /// Changes the level without moving data (md's takeover, engine/takeover.rs); `spare`, if
+    /// given, is added afterwards and rebuilt into a role the new level adds (raid5 -> raid6,
+    /// raid0 -> raid4/5), as `mdadm --grow --level L --add SPARE`.
+    pub async fn change_level(&self, level: Level, spare: Option<Arc<M>>) -> Result<LevelChanged> {
+        let spare = match spare {
+            Some(member) => Some(self.new_device(member).await?),
+            None => None,
+        };
+        let changed = self.array.take_over(level).await?;
+        if let Some(device) = spare {
+            let _g = self.array.locks.lock(META_LOCK_KEY).await;
+            self.persist_new_device_locked(&device, true).await?;
+            drop(_g);
+            tracing::info!(member = device.member.name(), "spare added");
+            self.array.maintenance.wake();
+        }
+        Ok(changed)
     }
 
     /// Marks the member called `name` faulty (admin "fail").
@@ -210,11 +249,13 @@ impl<M: Member + ?Sized> Admin<'_, M> {
     /// Checks `member` can hold any role and records it as a new device.
     async fn new_device(&self, member: Arc<M>) -> Result<Device<M>> {
         let data_offset_bytes = self.data_offset_for_new_device();
-        let needed = (0..self.array.members.slots().len())
-            .map(|r| self.array.layout().geometry().member_sectors(r))
-            .max()
-            .unwrap_or(0)
-            * SECTOR_BYTES;
+        let geometry = self.array.layout().geometry().clone();
+        // A linear array takes members of any size (at least its rounding); the others need
+        // room for what every member holds.
+        let needed = match geometry.level() {
+            Level::Linear => u64::from(geometry.chunk_sectors().max(8)),
+            _ => (0..geometry.raid_disks()).map(|r| geometry.member_sectors(r)).max().unwrap_or(0),
+        } * SECTOR_BYTES;
         if member.len_bytes() < data_offset_bytes + needed {
             return Err(RaidError::new(
                 ErrorKind::Refused,

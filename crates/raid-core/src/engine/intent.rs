@@ -15,6 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::away::{AwayRecord, SaveNeeded};
 use super::{Array, META_LOCK_KEY, StateChange};
@@ -31,12 +32,15 @@ struct Inner {
     inflight: HashMap<u64, u32>,
     /// Chunks written since the last sweep.
     touched: HashSet<u64>,
+    /// Bumped when the bits change meaning (a resize): a sweep decided before does nothing.
+    epoch: u64,
 }
 
 pub(crate) struct WriteIntent {
-    /// Resync sectors per bit.
-    pub chunk_sectors: u64,
-    pub chunks: u64,
+    /// Resync sectors per bit, and bits: they change only with a resize, while nothing is
+    /// in flight.
+    chunk_sectors: AtomicU64,
+    chunks: AtomicU64,
     inner: Mutex<Inner>,
 }
 
@@ -76,8 +80,8 @@ impl WriteIntent {
     pub fn new(chunk_sectors: u64, chunks: u64, dirty: &[u64]) -> Self {
         assert!(chunk_sectors > 0);
         WriteIntent {
-            chunk_sectors,
-            chunks,
+            chunk_sectors: AtomicU64::new(chunk_sectors),
+            chunks: AtomicU64::new(chunks),
             inner: Mutex::new(Inner {
                 set: dirty.iter().copied().collect(),
                 pending: HashMap::new(),
@@ -85,8 +89,42 @@ impl WriteIntent {
                 persisted: 0,
                 inflight: HashMap::new(),
                 touched: HashSet::new(),
+                epoch: 0,
             }),
         }
+    }
+
+    /// Resync sectors per bit.
+    pub fn chunk_sectors(&self) -> u64 {
+        self.chunk_sectors.load(Ordering::Acquire)
+    }
+
+    /// Bits in the bitmap.
+    pub fn chunks(&self) -> u64 {
+        self.chunks.load(Ordering::Acquire)
+    }
+
+    /// The array's size changed (md's `md_bitmap_resize`): `chunks` bits of `chunk_sectors`
+    /// (never smaller than before), each set bit kept in the bit that covers its range now,
+    /// bits past the end dropped, and `dirty` (new space, to be resynced) set. Only while no
+    /// write is in flight (asserted) and under the metadata lock, which the store's copy of
+    /// the bitmap changes under too.
+    pub fn resize(&self, chunk_sectors: u64, chunks: u64, dirty: Range<u64>) {
+        let old = self.chunk_sectors();
+        assert!(chunk_sectors >= old && chunk_sectors.is_multiple_of(old), "bitmap chunk {old} -> {chunk_sectors}");
+        let mut inner = self.lock();
+        assert!(inner.inflight.is_empty(), "a bitmap resize with writes in flight");
+        let factor = chunk_sectors / old;
+        let remap = |set: &mut HashSet<u64>| *set = set.iter().map(|c| c / factor).filter(|&c| c < chunks).collect();
+        remap(&mut inner.set);
+        remap(&mut inner.touched);
+        let pending: HashMap<u64, u64> =
+            inner.pending.iter().map(|(&c, &g)| (c / factor, g)).filter(|&(c, _)| c < chunks).collect();
+        inner.pending = pending;
+        inner.set.extend(dirty.start.min(chunks)..dirty.end.min(chunks));
+        inner.epoch += 1;
+        self.chunk_sectors.store(chunk_sectors, Ordering::Release);
+        self.chunks.store(chunks, Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -96,7 +134,8 @@ impl WriteIntent {
     /// Whether any chunk of resync sectors `range` has its bit set.
     pub fn any_set(&self, range: Range<u64>) -> bool {
         let inner = self.lock();
-        (range.start / self.chunk_sectors..range.end.div_ceil(self.chunk_sectors)).any(|c| inner.set.contains(&c))
+        let chunk = self.chunk_sectors();
+        (range.start / chunk..range.end.div_ceil(chunk)).any(|c| inner.set.contains(&c))
     }
 
     pub fn dirty_chunks(&self) -> u64 {
@@ -122,9 +161,11 @@ impl<M: Member + ?Sized> Array<M> {
             self.away_save_locked(Some(need)).await;
         }
         let Some(intent) = &self.intent else { return Ok(guard) };
-        let chunks = range.start / intent.chunk_sectors..range.end.div_ceil(intent.chunk_sectors).min(intent.chunks);
-        let need = {
+        let (need, chunks) = {
             let mut inner = intent.lock();
+            // Read under the lock: a resize changes them under it.
+            let chunk = intent.chunk_sectors();
+            let chunks = range.start / chunk..range.end.div_ceil(chunk).min(intent.chunks());
             let mut need = 0;
             inner.generation += 1;
             let generation = inner.generation;
@@ -136,7 +177,7 @@ impl<M: Member + ?Sized> Array<M> {
                 }
                 need = need.max(inner.pending.get(&c).copied().unwrap_or(0));
             }
-            (need > inner.persisted).then_some(need)
+            ((need > inner.persisted).then_some(need), chunks)
         };
         guard.intent = Some(intent);
         guard.chunks = chunks;
@@ -167,11 +208,11 @@ impl<M: Member + ?Sized> Array<M> {
         if !self.members.is_optimal() || self.maintenance().status().resync_pending {
             return Ok(0);
         }
-        let candidates: Vec<u64> = {
+        let (candidates, epoch): (Vec<u64>, u64) = {
             let mut inner = intent.lock();
             let c = inner.set.iter().copied().filter(|&c| inner.clearable(c)).collect();
             inner.touched.clear();
-            c
+            (c, inner.epoch)
         };
         if candidates.is_empty() {
             return Ok(0);
@@ -180,6 +221,9 @@ impl<M: Member + ?Sized> Array<M> {
         let _g = self.locks.lock(META_LOCK_KEY).await;
         let clear: Vec<u64> = {
             let mut inner = intent.lock();
+            if inner.epoch != epoch {
+                return Ok(0);
+            }
             let clear: Vec<u64> = candidates.into_iter().filter(|&c| inner.clearable(c)).collect();
             for c in &clear {
                 inner.set.remove(c);

@@ -64,6 +64,26 @@ impl<M: Member + ?Sized> Membership<M> {
         self.roles.store(roles, Ordering::Release);
     }
 
+    /// A level change adds a role no device serves yet (missing: a spare is rebuilt into it).
+    /// Only while no request runs (a paused shape). Returns the role.
+    pub(super) fn add_missing_role(&self) -> usize {
+        let role = self.roles.load(Ordering::Acquire);
+        assert!(role < MAX_RAID_DISKS, "{} roles, at most {MAX_RAID_DISKS}", role + 1);
+        assert!(self.slots[role].take_device().is_none(), "an unused slot holds no device");
+        self.roles.store(role + 1, Ordering::Release);
+        role
+    }
+
+    /// A level change drops the last role; its device, if any, is returned. Only while no
+    /// request runs (a paused shape).
+    pub(super) fn drop_last_role(&self) -> Option<Device<M>> {
+        let roles = self.roles.load(Ordering::Acquire);
+        assert!(roles > 1, "an array keeps a role");
+        let device = self.slots[roles - 1].take_device();
+        self.roles.store(roles - 1, Ordering::Release);
+        device
+    }
+
     /// Moves the data origin of every device (roles and spares) by `delta_bytes`. Only while no
     /// request runs (a paused shape): requests add it to every member address.
     pub(super) fn move_origins(&self, delta_bytes: i64) {

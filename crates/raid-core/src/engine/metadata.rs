@@ -68,6 +68,36 @@ pub enum StateChange {
     ReshapeProgress { position_sectors: u64 },
     /// The reshape finished: the new layout, chunk and data offsets are the array's.
     ReshapeEnd,
+    /// The array's size changed (md's `--grow --size`): every device uses `used_sectors` from
+    /// now (md's `size`), and `data_sectors` is the data area each `(device, sectors)` has as
+    /// measured now (md's `data_size`). The bitmap, if any, covers `resync_sectors` with bits
+    /// of `bitmap_chunk_sectors` (set bits kept in the bits covering them, those past the end
+    /// dropped), and the bits `bitmap_dirty` (new space) set. `resync_offset`: where a resync
+    /// of the new space starts (md's `recovery_cp`), when the superblocks must say so.
+    Resize {
+        used_sectors: u64,
+        data_sectors: Vec<(usize, u64)>,
+        resync_sectors: u64,
+        bitmap_chunk_sectors: Option<u64>,
+        bitmap_dirty: std::ops::Range<u64>,
+        resync_offset: Option<u64>,
+    },
+    /// A linear array grew by appending devices: each `(device, role)` of `new_roles` is in
+    /// sync in its new role, and the array has `raid_disks` roles.
+    Append { raid_disks: usize, new_roles: Vec<(usize, usize)> },
+    /// The level changed without moving data (md's takeover, engine/takeover.rs): the array
+    /// is `level` with `layout`, `chunk_sectors` and `raid_disks` roles of `size_sectors`
+    /// (md's `size`); with `data_size_is_size` every device's data area is that size (a
+    /// raid0 of one zone). `dropped_device` served the role that went and becomes a spare.
+    Takeover {
+        level: crate::geometry::Level,
+        layout: u32,
+        chunk_sectors: u32,
+        raid_disks: usize,
+        size_sectors: u64,
+        data_size_is_size: bool,
+        dropped_device: Option<usize>,
+    },
     /// The device's bad blocks are now `ranges` (member sectors from the data offset, as
     /// `(start, len)`): md's bad-block log. A store without room for them refuses.
     BadBlocks { device: usize, ranges: Vec<(u64, u64)> },
@@ -91,6 +121,9 @@ pub struct MetadataSummary {
     /// The bitmap's events_cleared: a returning member whose events are at least this only
     /// needs the chunks dirty in the bitmap copied (md's re-add).
     pub bitmap_events_cleared: Option<u64>,
+    /// Bits the space reserved for the bitmap holds (a resize takes larger bitmap chunks
+    /// when the array outgrows it); `None` without a bitmap.
+    pub bitmap_room_chunks: Option<u64>,
 }
 
 /// Model of the on-disk metadata that turns state changes into superblock images.

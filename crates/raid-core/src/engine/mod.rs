@@ -34,6 +34,7 @@
 //!   `fua` is durable (data and parity) when it completes.
 
 mod admin;
+mod append;
 mod away;
 mod bad_blocks;
 mod builder;
@@ -49,6 +50,7 @@ mod quiesce;
 mod read_assembler;
 mod read_balance;
 mod reshape;
+mod resize;
 mod shape;
 mod slot;
 mod stripe_compute;
@@ -56,6 +58,7 @@ mod stripe_plan;
 mod stripe_read;
 mod stripe_write;
 mod stripe_zero;
+mod takeover;
 mod unaligned;
 mod write_hole;
 
@@ -71,8 +74,10 @@ pub use gather::Timer;
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{Maintenance, MaintenanceStatus, MaintenanceWork, RecoveryTally, ScrubCounts, Step};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
+pub use resize::{Resized, SizeTarget};
 pub use shape::{Direction, Layout, Reshape, Shape};
 pub use slot::{Device, RoleMember, SlotState};
+pub use takeover::LevelChanged;
 pub use write_hole::{
     JournalConfig, JournalReport, JournalStats, MIN_JOURNAL_BYTES, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig,
     ParityLogStats, ReplayReport, WriteHoleReport, WriteHoleStart, WriteHoleStats,
@@ -222,7 +227,7 @@ impl<M: Member + ?Sized> Array<M> {
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<ReadData> {
         self.check_io(offset_bytes, len_bytes as u64, true)?;
         self.client_io_bytes.fetch_add(len_bytes as u64, Ordering::Relaxed);
-        let entered = self.shape.enter(offset_bytes / SECTOR_BYTES, len_bytes as u64 / SECTOR_BYTES).await;
+        let entered = self.shape.enter(offset_bytes / SECTOR_BYTES, len_bytes as u64 / SECTOR_BYTES).await?;
         match &entered.parts {
             Parts::One(part) => self.read_part(part).await,
             Parts::Two(a, b) => {
@@ -431,7 +436,7 @@ impl<M: Member + ?Sized> Array<M> {
         let mut at = start;
         while at < end {
             let n = (end - at).min(ZERO_ROUTE_SECTORS - at % ZERO_ROUTE_SECTORS);
-            let entered = self.shape.enter(at, n).await;
+            let entered = self.shape.enter(at, n).await?;
             for part in entered.parts.iter() {
                 match DataPath::of(&part.layout) {
                     DataPath::Striped => {
@@ -453,7 +458,15 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let _g = self.locks.lock(META_LOCK_KEY).await;
         if !self.dirty.load(Ordering::Acquire) {
-            self.persist_locked(StateChange::Dirty).await;
+            // With a log that replaces the crash's resync, the mark says where a resync of
+            // new space (resize.rs) begins, so that the replay does not declare it in sync.
+            let change = match self.resync_checkpoint() {
+                Some(sectors) if sectors > 0 && self.write_hole.replaces_resync() => {
+                    StateChange::ResyncProgress { sectors }
+                }
+                _ => StateChange::Dirty,
+            };
+            self.persist_locked(change).await;
             self.dirty.store(true, Ordering::Release);
         }
         self.check_survives("mark dirty")

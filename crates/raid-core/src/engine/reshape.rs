@@ -1,12 +1,13 @@
 //! Reshape: the array changes shape while it serves, in md's format (the superblock side:
 //! `md/reshape.rs`; the kernel's rules, cited: `doc/md-reshape.md`).
 //!
-//! The kind raidnbd does today is md's no-backup grow of raid4/5/6 by members: the data start
-//! of every device moves `headroom` sectors into the free space before the data, and the new
-//! layout, wider by the new members, is written there from the start of the array up, ahead of
-//! the old one, never over an old row still in use.
+//! The kinds raidnbd does today are md's no-backup reshapes of raid4/5/6 that go forward: a
+//! grow by members, a layout change, a chunk change, or several at once. The data start of
+//! every device moves `headroom` sectors into the free space before the data, and the new
+//! layout (wider by the new members, in the new rotation or chunk) is written there from the
+//! start of the array up, ahead of the old one, never over an old row still in use.
 //!
-//! - Start ([`Array::begin_grow`], from `Admin::grow`): checked (raid4/5/6, no log, no bitmap,
+//! - Start ([`Array::begin_reshape`], from `Admin::reshape`): checked (raid4/5/6, no log, no bitmap,
 //!   every role in sync, nothing else running, room before the data); the new devices are
 //!   recorded and the start is written to every superblock (`StateChange::ReshapeStart`, the
 //!   front at 0); then, with every request paused, the devices' data origin moves to the new
@@ -36,7 +37,7 @@ use super::{Array, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
-use crate::geometry::{Geometry, Level, MAX_RAID_DISKS};
+use crate::geometry::{Geometry, Level, MAX_RAID_DISKS, ParityLayout};
 use crate::member::Member;
 
 /// The data start moves at most this far (more headroom only makes the first windows larger).
@@ -103,21 +104,40 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(geometry)
     }
 
-    /// Starts growing the array onto `devices` (new devices of the array, see the module docs).
-    pub(crate) async fn begin_grow(&self, devices: Vec<Device<M>>) -> Result<()> {
+    /// Starts a reshape onto `devices` (new devices of the array; none for a layout or chunk
+    /// change) to `new_layout` and `new_chunk_sectors` (`None`: as now). See the module docs.
+    pub(crate) async fn begin_reshape(
+        &self,
+        devices: Vec<Device<M>>,
+        new_layout: Option<u32>,
+        new_chunk_sectors: Option<u32>,
+    ) -> Result<()> {
         let geometry = self.check_growable()?;
         let pg = geometry.parity().expect("a parity level");
         let (old_disks, new_disks) = (geometry.raid_disks(), geometry.raid_disks() + devices.len());
-        if devices.is_empty() || new_disks > MAX_RAID_DISKS {
+        let layout = new_layout.unwrap_or(geometry.layout());
+        let new_chunk = new_chunk_sectors.unwrap_or(pg.chunk_sectors());
+        if geometry.level() == Level::Raid4 && layout != geometry.layout() {
+            return Err(refused("raid4 has one layout (parity on the last member)".into()));
+        }
+        let changes_placement = layout != geometry.layout() || new_chunk != pg.chunk_sectors();
+        if (devices.is_empty() && !changes_placement) || new_disks > MAX_RAID_DISKS {
             return Err(refused(format!(
-                "{new_disks} members: a grow adds 1 to {} members",
+                "{new_disks} members: a grow adds 1 to {} members, or changes the layout or chunk",
                 MAX_RAID_DISKS - old_disks
             )));
         }
-        let chunk = u64::from(pg.chunk_sectors());
-        let new_geometry =
-            Geometry::new(geometry.level(), geometry.layout(), pg.chunk_sectors(), &vec![pg.size_sectors(); new_disks])
-                .map_err(|e| refused(format!("the grown array: {e}")))?;
+        if !pg.size_sectors().is_multiple_of(u64::from(new_chunk)) {
+            return Err(refused(format!(
+                "every member holds {} KiB of data, not a multiple of the new chunk ({} KiB): the array would shrink; \
+                 change the size first (grow --size)",
+                pg.size_sectors() / 2,
+                new_chunk / 2
+            )));
+        }
+        let chunk = u64::from(pg.chunk_sectors().max(new_chunk));
+        let new_geometry = Geometry::new(geometry.level(), layout, new_chunk, &vec![pg.size_sectors(); new_disks])
+            .map_err(|e| refused(format!("the reshaped array: {e}")))?;
         let new_pg = new_geometry.parity().expect("a parity level");
         let need = least_headroom(chunk, pg.data_disks() as u64, new_pg.data_disks() as u64);
         let have = match self.metadata_summary().and_then(|s| s.headroom_sectors) {
@@ -133,9 +153,11 @@ impl<M: Member + ?Sized> Array<M> {
         };
         if have < need {
             return Err(refused(format!(
-                "growing to {new_disks} members moves the data start {need} sectors into the free space before the \
-                 data, but a member has only {have}; mdadm can grow it with a backup file: mdadm --grow /dev/mdX \
-                 --raid-devices={new_disks} --backup-file=FILE"
+                "reshaping to {new_disks} members, layout {}, chunk {} KiB moves the data start {need} sectors \
+                 into the free space before the data, but a member has only {have}; mdadm can do it with a backup \
+                 file: mdadm --grow /dev/mdX --raid-devices={new_disks} --layout=... --chunk=... --backup-file=FILE",
+                ParityLayout::from_md(layout).map_or(layout.to_string(), |l| l.name().to_string()),
+                new_chunk / 2
             )));
         }
         let headroom = have.min(MAX_HEADROOM_SECTORS).max(need) / chunk * chunk;
@@ -149,8 +171,8 @@ impl<M: Member + ?Sized> Array<M> {
         let start = StateChange::ReshapeStart {
             raid_disks: new_disks,
             new_roles,
-            new_layout: geometry.layout(),
-            new_chunk_sectors: pg.chunk_sectors(),
+            new_layout: layout,
+            new_chunk_sectors: new_chunk,
             offset_delta_sectors: -(headroom as i64),
             position_sectors: 0,
         };
@@ -172,7 +194,9 @@ impl<M: Member + ?Sized> Array<M> {
             from = old_disks,
             to = new_disks,
             headroom_sectors = headroom,
-            "reshape recorded: growing the array (the data start moves into the headroom)"
+            layout,
+            chunk_sectors = new_chunk,
+            "reshape recorded (the data start moves into the headroom)"
         );
         // Every request waits while the devices' data origin moves to the new data start.
         let paused = self.shape.pause().await;

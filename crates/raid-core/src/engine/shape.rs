@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use event_listener::Event;
 
+use crate::error::{ErrorKind, RaidError};
 use crate::geometry::{Geometry, Mapped, ParityGeometry};
 
 /// One geometry placed on the devices.
@@ -317,11 +318,21 @@ impl ShapeCell {
         self.current.read().expect("shape lock").clone()
     }
 
-    /// Enters a request on `[start, start + sectors)` (inside the export): waits while it
-    /// touches a moving window, then returns its parts by layout.
-    pub async fn enter(&self, start: u64, sectors: u64) -> Entered<'_> {
+    /// Enters a request on `[start, start + sectors)`: waits while it touches a moving
+    /// window, then returns its parts by layout. A request past the end of the shape it
+    /// enters (checked against an older, larger one: the array shrank since) is refused.
+    pub async fn enter(&self, start: u64, sectors: u64) -> Result<Entered<'_>, RaidError> {
         loop {
             let shape = self.load();
+            let export = shape.export_sectors();
+            if start.checked_add(sectors).is_none_or(|end| end > export) {
+                return Err(RaidError::new(
+                    ErrorKind::OutOfRange,
+                    format!(
+                        "request at sector {start} for {sectors} sectors is past the array's end ({export} sectors)"
+                    ),
+                ));
+            }
             self.in_flight.fetch_add(1, Ordering::SeqCst);
             let parts = shape.parts(start, sectors);
             let mut entered = Entered { cell: self, shape, parts, ticket: None };
@@ -336,7 +347,7 @@ impl ShapeCell {
                 continue;
             }
             if entered.shape.reshape.is_none() {
-                return entered;
+                return Ok(entered);
             }
             let listener = {
                 let mut gate = self.gate.lock().expect("shape gate");
@@ -347,7 +358,7 @@ impl ShapeCell {
                     gate.next_ticket += 1;
                     gate.in_flight.insert((start, ticket), range.end);
                     entered.ticket = Some((start, ticket));
-                    return entered;
+                    return Ok(entered);
                 }
                 self.gate_changed.listen()
             };
@@ -463,13 +474,13 @@ mod tests {
         let cell = reshaping(1536);
         let shape = cell.load();
         assert_eq!(shape.export_sectors(), raid5(4).array_sectors());
-        let e = block_on(cell.enter(0, 8));
+        let e = block_on(cell.enter(0, 8)).unwrap();
         let Parts::One(p) = &e.parts else { panic!("one part") };
         assert_eq!(p.layout.geometry().raid_disks(), 5, "below the front: the new layout");
-        let e2 = block_on(cell.enter(1536, 8));
+        let e2 = block_on(cell.enter(1536, 8)).unwrap();
         let Parts::One(p) = &e2.parts else { panic!("one part") };
         assert_eq!(p.layout.geometry().raid_disks(), 4, "at the front: the previous layout");
-        let e3 = block_on(cell.enter(1530, 10));
+        let e3 = block_on(cell.enter(1530, 10)).unwrap();
         let Parts::Two(a, b) = &e3.parts else { panic!("split at the front") };
         assert_eq!((a.start, a.sectors, a.layout.geometry().raid_disks()), (1530, 6, 5));
         assert_eq!((b.start, b.sectors, b.layout.geometry().raid_disks()), (1536, 4, 4));
@@ -478,12 +489,12 @@ mod tests {
     #[test]
     fn a_request_on_the_moving_window_waits_and_the_window_waits_for_requests() {
         let cell = reshaping(1536);
-        let holder = block_on(cell.enter(1600, 8));
+        let holder = block_on(cell.enter(1600, 8)).unwrap();
         let mut close = pin!(cell.close_window(1536..3072));
         assert!(poll_once(close.as_mut()).is_pending(), "a request in flight on the window holds it");
         let mut blocked = pin!(cell.enter(2000, 8));
         assert!(poll_once(blocked.as_mut()).is_pending(), "new requests on the window wait");
-        let elsewhere = block_on(cell.enter(4000, 8));
+        let elsewhere = block_on(cell.enter(4000, 8)).unwrap();
         drop(elsewhere);
         drop(holder);
         assert!(poll_once(close.as_mut()).is_ready());
@@ -494,7 +505,7 @@ mod tests {
             cell.next_shape(layout, Some(Reshape { previous, front_sectors: 3072, direction: Direction::Forward })),
         );
         cell.open_window();
-        let Poll::Ready(e) = poll_once(blocked.as_mut()) else { panic!("the window opened") };
+        let Poll::Ready(Ok(e)) = poll_once(blocked.as_mut()) else { panic!("the window opened") };
         let Parts::One(p) = &e.parts else { panic!("one part") };
         assert_eq!(p.layout.geometry().raid_disks(), 5, "moved: now in the new layout");
     }
@@ -502,13 +513,13 @@ mod tests {
     #[test]
     fn a_pause_waits_for_every_request_and_holds_new_ones() {
         let cell = reshaping(1536);
-        let old = block_on(cell.enter(0, 8));
+        let old = block_on(cell.enter(0, 8)).unwrap();
         let previous = cell.load().reshape().unwrap().previous.clone();
         let layout = cell.load().layout().clone();
         cell.install(
             cell.next_shape(layout, Some(Reshape { previous, front_sectors: 2048, direction: Direction::Forward })),
         );
-        let newer = block_on(cell.enter(4000, 8));
+        let newer = block_on(cell.enter(4000, 8)).unwrap();
         let mut pause = pin!(cell.pause());
         assert!(poll_once(pause.as_mut()).is_pending(), "requests of two versions in flight");
         drop(newer);
@@ -519,6 +530,19 @@ mod tests {
         assert!(poll_once(held.as_mut()).is_pending(), "new requests wait while paused");
         drop(paused);
         assert!(poll_once(held.as_mut()).is_ready());
+    }
+
+    #[test]
+    fn a_request_past_the_end_of_the_shape_it_enters_is_refused() {
+        let cell = ShapeCell::new(Shape::settled(Layout::settled(raid5(4))));
+        let end = cell.load().export_sectors();
+        assert!(block_on(cell.enter(end - 8, 8)).is_ok());
+        let smaller = Geometry::new(Level::Raid5, 2, 128, &[128 * 32; 4]).unwrap();
+        cell.install(cell.next_shape(Arc::new(Layout::settled(smaller)), None));
+        let refused = block_on(cell.enter(end - 8, 8)).err().expect("past the end now");
+        assert_eq!(refused.kind, ErrorKind::OutOfRange);
+        assert!(block_on(cell.enter(0, 8)).is_ok());
+        assert_eq!(cell.in_flight.load(Ordering::SeqCst), 0, "a refused request is not counted in");
     }
 
     #[test]

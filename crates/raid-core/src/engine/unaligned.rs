@@ -83,7 +83,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// bytes from `at`.
     async fn patch_sector(&self, sector: u64, at: usize, bytes: &[u8], fua: bool) -> Result<()> {
         debug_assert!(at + bytes.len() <= SECTOR_BYTES as usize && !bytes.is_empty());
-        let entered = self.shape.enter(sector, 1).await;
+        let entered = self.shape.enter(sector, 1).await?;
         let Parts::One(Part { layout, .. }) = &entered.parts else { unreachable!("one sector is one part") };
         let _guards = self.lock_write_range(layout, sector, 1).await;
         let old = match DataPath::of(layout) {
@@ -101,7 +101,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Whole sectors by the data path of each part's layout (inside an entered write, the
     /// array marked dirty).
     pub(super) async fn write_sectors(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
-        let entered = self.shape.enter(start_sector, data.len() as u64 / SECTOR_BYTES).await;
+        let entered = self.shape.enter(start_sector, data.len() as u64 / SECTOR_BYTES).await?;
         match &entered.parts {
             Parts::One(part) => self.write_part(part, data, fua).await,
             Parts::Two(a, b) => {

@@ -161,6 +161,29 @@ impl ParityLayout {
         }
     }
 
+    /// The roles of a `raid_disks` array of `level` in this layout that hold parity (P or Q)
+    /// in every stripe, never data: raid4's last, `parity-first`'s first, the `*-6` layouts'
+    /// last (Q), ... Missing only these, a dirty array still has all its data.
+    pub fn parity_only_roles(self, level: Level, raid_disks: usize) -> Vec<usize> {
+        let n = raid_disks;
+        match (level, self) {
+            (Level::Raid4, _) => vec![n - 1],
+            (Level::Raid5, ParityLayout::ParityFirst) => vec![0],
+            (Level::Raid5, ParityLayout::ParityLast) => vec![n - 1],
+            (Level::Raid6, ParityLayout::ParityFirst) => vec![0, 1],
+            (Level::Raid6, ParityLayout::ParityLast) => vec![n - 2, n - 1],
+            (Level::Raid6, ParityLayout::ParityFirst6) => vec![0, n - 1],
+            (
+                Level::Raid6,
+                ParityLayout::LeftAsymmetric6
+                | ParityLayout::RightAsymmetric6
+                | ParityLayout::LeftSymmetric6
+                | ParityLayout::RightSymmetric6,
+            ) => vec![n - 1],
+            _ => Vec::new(),
+        }
+    }
+
     /// mdadm's name (`left-symmetric`, `parity-last`, `ddf-zero-restart`, `left-symmetric-6`, ...).
     pub fn name(self) -> &'static str {
         match self {

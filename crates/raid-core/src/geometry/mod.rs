@@ -342,6 +342,27 @@ impl Geometry {
         }
     }
 
+    /// md's `size` (`mdadm --size`): what every member holds for a level that uses the same
+    /// size on each (raid1/4/5/6/10); 0 for linear and raid0, which use whole members.
+    pub fn component_sectors(&self) -> u64 {
+        match &self.kind {
+            Kind::Linear(_) | Kind::Raid0(_) => 0,
+            Kind::Raid1 { size_sectors, .. } => *size_sectors,
+            Kind::Parity(g) => g.size_sectors(),
+            Kind::Raid10(g) => g.size_sectors(),
+        }
+    }
+
+    /// The unit md's `size` is rounded down to, as raidnbd creates and resizes arrays: the
+    /// chunk, or 64 KiB for raid1 (so that a later raid5 conversion has a chunk), or the
+    /// rounding of a linear array's members.
+    pub fn component_rounding_sectors(level: Level, chunk_sectors: u32) -> u64 {
+        match level {
+            Level::Raid1 => 128,
+            _ => u64::from(chunk_sectors).max(1),
+        }
+    }
+
     /// md's resync address space: member sectors for raid1/4/5/6 (`size`), array
     /// sectors for raid10; 0 for linear/raid0 (no redundancy).
     pub fn resync_sectors(&self) -> u64 {

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError};
-use crate::geometry::{Geometry, GeometryError, Level};
+use crate::geometry::{Geometry, GeometryError, Level, ParityLayout};
 
 use super::dev_role::DevRole;
 use super::feature::FeatureMap;
@@ -98,11 +98,21 @@ impl Assembly {
     /// A dirty, degraded raid4/5/6: parity of stripes being written at the crash may be wrong, so
     /// rebuilding the missing member's data from it can return garbage (the write hole). The
     /// kernel refuses to start such an array unless told to (`start_dirty_degraded`).
+    /// Roles that hold only parity (raid4's, a raid6 `*-6` layout's Q: `parity_only_roles`)
+    /// are safe to miss: the data is all there and the resync recomputes the parity.
     pub fn parity_untrusted(&self) -> bool {
+        let meta = &self.metadata;
+        let parity_only = match ParityLayout::from_md(meta.layout) {
+            Some(layout) if meta.level.parity_blocks() > 0 => layout.parity_only_roles(meta.level, self.members.len()),
+            _ if meta.level == Level::Raid4 => vec![self.members.len() - 1],
+            _ => Vec::new(),
+        };
+        let data_missing =
+            self.missing_roles.iter().chain(&self.recovering_roles).any(|role| !parity_only.contains(role));
         self.dirty
-            && self.degraded
-            && self.metadata.level.parity_blocks() > 0
-            && self.metadata.ppl_area().is_none()
+            && data_missing
+            && meta.level.parity_blocks() > 0
+            && meta.ppl_area().is_none()
             && self.journal.is_none()
     }
 }
@@ -372,7 +382,7 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
     }
     if let Some(reshape) = metadata.reshape_state().map_err(|e| cannot(format!("cannot assemble {e}")))? {
         notices.push(format!(
-            "{array_name} is being reshaped from {} to {} members ({} of {} array sectors done); serving it              continues the reshape",
+            "{array_name} is being reshaped from {} to {} members ({} of {} array sectors done); serving it continues the reshape",
             reshape.previous_raid_disks,
             metadata.raid_disks,
             reshape.position_sectors,

@@ -136,6 +136,39 @@ impl Bitmap {
     }
 
     /// Number of set bits.
+    /// Bits that `room_bytes` of bitmap space hold.
+    pub fn room_chunks(&self, room_bytes: u64) -> u64 {
+        room_bytes.saturating_sub(BITMAP_HEADER_BYTES as u64) * 8
+    }
+
+    /// md's `md_bitmap_resize`: the bitmap covers `sync_size_sectors` with bits of
+    /// `chunk_bytes` (a multiple of the chunk now); a set bit sets the bit covering it, bits
+    /// past the end go, and the bits `dirty` (new space, in the new chunks) are set.
+    pub fn resize(
+        &mut self,
+        sync_size_sectors: u64,
+        chunk_bytes: u64,
+        dirty: std::ops::Range<u64>,
+    ) -> Result<(), RaidError> {
+        let old = u64::from(self.chunk_bytes);
+        let chunk_bytes = u32::try_from(chunk_bytes)
+            .ok()
+            .filter(|&c| u64::from(c) >= old && u64::from(c).is_multiple_of(old))
+            .ok_or_else(|| {
+                RaidError::new(ErrorKind::Refused, format!("bitmap chunk {old} cannot become {chunk_bytes}"))
+            })?;
+        let factor = u64::from(chunk_bytes) / old;
+        let set: Vec<u64> = (0..self.chunks()).filter(|&c| self.is_set(c)).map(|c| c / factor).collect();
+        self.sync_size_sectors = sync_size_sectors;
+        self.chunk_bytes = chunk_bytes;
+        self.bits = vec![0; self.chunks().div_ceil(8) as usize];
+        let chunks = self.chunks();
+        for c in set.into_iter().chain(dirty).filter(|&c| c < chunks) {
+            self.set(c, true);
+        }
+        Ok(())
+    }
+
     pub fn dirty_chunks(&self) -> u64 {
         self.bits.iter().map(|b| u64::from(b.count_ones())).sum()
     }

@@ -46,8 +46,6 @@ use crate::ppl::{PPL_AREA_SECTORS, PPL_OFFSET_SECTORS};
 
 /// mdadm's default chunk: 512 KiB.
 pub const DEFAULT_CHUNK_SECTORS: u32 = 1024;
-/// raid1 component size is rounded down to 64 KiB (so a later raid5 conversion has a chunk).
-const RAID1_SIZE_ROUNDING_SECTORS: u64 = 128;
 
 /// What the user asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,10 +125,7 @@ pub fn create(
     for (slot, bytes) in slots.iter().enumerate() {
         let Some(bytes) = bytes else { continue };
         let sectors = bytes / SECTOR_BYTES;
-        let rounding = match level {
-            Level::Raid1 => RAID1_SIZE_ROUNDING_SECTORS,
-            _ => u64::from(chunk_sectors).max(1),
-        };
+        let rounding = Geometry::component_rounding_sectors(level, chunk_sectors);
         let free = sectors.saturating_sub(data_offset);
         let rounded = free / rounding * rounding;
         if rounded == 0 || free < MIN_DATA_SIZE {

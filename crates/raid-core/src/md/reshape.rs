@@ -98,10 +98,10 @@ impl ArrayMetadata {
                  which md does not allow; {with_mdadm}"
             )));
         }
-        if self.delta_disks <= 0 || self.features.contains(FeatureMap::RESHAPE_BACKWARDS) {
+        if self.delta_disks < 0 || self.features.contains(FeatureMap::RESHAPE_BACKWARDS) {
             return Err(cannot(format!(
-                "array {name}: a reshape that keeps or reduces the number of members (delta_disks {}) is in \
-                 progress; raidnbd continues reshapes that add members; {with_mdadm}",
+                "array {name}: a reshape that removes members or runs backwards (delta_disks {}) is in progress; \
+                 raidnbd continues reshapes that add members or change the layout or chunk; {with_mdadm}",
                 self.delta_disks
             )));
         }
@@ -186,6 +186,37 @@ impl ArrayMetadata {
             m.new_offset = offset_delta_sectors as i32;
             if offset_delta_sectors != 0 {
                 m.features.insert(FeatureMap::NEW_OFFSET);
+            }
+        }
+    }
+
+    /// A level change that moves no data (md's takeover): the new level's fields; the
+    /// reshape fields say the same (md writes them only while reshaping).
+    pub fn take_over(
+        &mut self,
+        level: Level,
+        layout: u32,
+        chunk_sectors: u32,
+        raid_disks: usize,
+        size_sectors: u64,
+        data_size_is_size: bool,
+    ) {
+        debug_assert!(!self.is_reshaping(), "a takeover while reshaping");
+        self.level = level;
+        self.layout = layout;
+        self.chunk_sectors = chunk_sectors;
+        self.raid_disks = raid_disks as u32;
+        self.size = size_sectors;
+        self.new_level = level.to_md();
+        self.new_layout = layout;
+        self.new_chunk = chunk_sectors;
+        self.delta_disks = 0;
+        if level != Level::Raid0 {
+            self.features.remove(FeatureMap::RAID0_LAYOUT);
+        }
+        if data_size_is_size {
+            for m in &mut self.members {
+                m.data_size = size_sectors;
             }
         }
     }

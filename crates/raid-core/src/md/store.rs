@@ -50,6 +50,24 @@ impl MdStore {
         (SUPERBLOCK_BYTE_OFFSET as i64 + i64::from(self.metadata.bitmap_offset) * 512) as u64
     }
 
+    /// Bytes the bitmap may take: what its header reserves (mdadm and raidnbd write it; the
+    /// size it has now when it says nothing), never into the bad-block log or the data.
+    fn bitmap_room_bytes(&self, bitmap: &Bitmap) -> u64 {
+        let reserved = match u64::from(bitmap.sectors_reserved) {
+            0 => bitmap.encode().len() as u64 / 512,
+            sectors => sectors,
+        };
+        let at = i64::from(self.metadata.bitmap_offset);
+        let mut room = reserved as i64;
+        let Some(first) = self.metadata.members.first() else { return 0 };
+        if first.bblog_offset > at as i32 && first.bblog_size > 0 {
+            room = room.min(i64::from(first.bblog_offset) - at);
+        }
+        let data_from_sb = first.data_offset as i64 - (SUPERBLOCK_BYTE_OFFSET / 512) as i64;
+        room = room.min(data_from_sb - at);
+        room.max(0) as u64 * 512
+    }
+
     fn bitmap_writes(&self) -> Vec<SuperblockWrite> {
         let Some(bitmap) = &self.bitmap else { return Vec::new() };
         let image = bitmap.encode();
@@ -135,6 +153,7 @@ impl MetadataStore for MdStore {
             events: self.metadata.events,
             bitmap_events_cleared: self.bitmap.as_ref().map(|b| b.events_cleared),
             headroom_sectors: Some(self.metadata.headroom_sectors()),
+            bitmap_room_chunks: self.bitmap.as_ref().map(|b| b.room_chunks(self.bitmap_room_bytes(b))),
         }
     }
 
@@ -228,6 +247,52 @@ impl MetadataStore for MdStore {
             }
             StateChange::ReshapeProgress { position_sectors } => self.metadata.set_reshape_position(position_sectors),
             StateChange::ReshapeEnd => self.metadata.finish_reshape(),
+            StateChange::Append { raid_disks, ref new_roles } => {
+                let devs =
+                    new_roles.iter().map(|&(device, _)| self.dev_number(device)).collect::<Result<Vec<_>, _>>()?;
+                self.metadata.raid_disks = raid_disks as u32;
+                for (dev, &(_, role)) in devs.into_iter().zip(new_roles) {
+                    self.metadata.set_role(dev, DevRole::Active(role as u16))?;
+                    self.metadata.set_recovery_offset(dev, None)?;
+                }
+            }
+            StateChange::Takeover {
+                level,
+                layout,
+                chunk_sectors,
+                raid_disks,
+                size_sectors,
+                data_size_is_size,
+                dropped_device,
+            } => {
+                if let Some(device) = dropped_device {
+                    let dev = self.dev_number(device)?;
+                    self.metadata.set_role(dev, DevRole::Spare)?;
+                }
+                self.metadata.take_over(level, layout, chunk_sectors, raid_disks, size_sectors, data_size_is_size);
+            }
+            StateChange::Resize {
+                used_sectors,
+                ref data_sectors,
+                resync_sectors,
+                bitmap_chunk_sectors,
+                ref bitmap_dirty,
+                resync_offset,
+            } => {
+                self.metadata.size = used_sectors;
+                for &(device, sectors) in data_sectors {
+                    let member = self.metadata.members.get_mut(device).ok_or_else(|| {
+                        RaidError::new(ErrorKind::BadMetadata, format!("no device {device} in the array metadata"))
+                    })?;
+                    member.data_size = sectors;
+                }
+                if let Some(offset) = resync_offset {
+                    self.metadata.set_resync_offset(offset);
+                }
+                if let (Some(bitmap), Some(chunk_sectors)) = (self.bitmap.as_mut(), bitmap_chunk_sectors) {
+                    bitmap.resize(resync_sectors, chunk_sectors * 512, bitmap_dirty.clone())?;
+                }
+            }
             StateChange::Bitmap { ref set, ref clear } => {
                 // Bit changes rewrite only the bitmap: no new event count (as md).
                 let events = self.metadata.events;

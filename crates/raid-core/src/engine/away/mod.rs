@@ -92,7 +92,7 @@ impl<M: Member + ?Sized> Array<M> {
             AwayStart::Idle
         } else {
             let image = stored.map(AwayImage::decode).transpose().and_then(|image| match image {
-                Some(i) => check_image(&i, summary.uuid, assembled_events, record.chunk_sectors, record.chunks)
+                Some(i) => check_image(&i, summary.uuid, assembled_events, record.chunk_sectors(), record.chunks())
                     .map(|()| Some(i)),
                 None => Ok(None),
             });

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::AwayStore;
@@ -60,9 +61,10 @@ struct Inner {
 
 /// See the module docs.
 pub(crate) struct AwayRecord {
-    /// Resync sectors per chunk.
-    pub chunk_sectors: u64,
-    pub chunks: u64,
+    /// Resync sectors per chunk, and chunks: they change only with a resize of the array,
+    /// while no member is away and nothing is in flight.
+    chunk_sectors: AtomicU64,
+    chunks: AtomicU64,
     store: Option<Arc<dyn AwayStore>>,
     inner: Mutex<Inner>,
 }
@@ -88,8 +90,8 @@ impl AwayRecord {
         let chunks = resync_sectors.div_ceil(chunk_sectors).max(1);
         debug_assert!(chunks <= MAX_AWAY_CHUNKS);
         Self {
-            chunk_sectors,
-            chunks,
+            chunk_sectors: AtomicU64::new(chunk_sectors),
+            chunks: AtomicU64::new(chunks),
             store,
             inner: Mutex::new(Inner { inflight: HashMap::new(), recent: HashMap::new(), epoch: 0, away: None }),
         }
@@ -99,8 +101,41 @@ impl AwayRecord {
         self.inner.lock().expect("away lock")
     }
 
+    /// Resync sectors per chunk.
+    pub fn chunk_sectors(&self) -> u64 {
+        self.chunk_sectors.load(Ordering::Acquire)
+    }
+
+    pub fn chunks(&self) -> u64 {
+        self.chunks.load(Ordering::Acquire)
+    }
+
     pub fn chunk_range(&self, range: &Range<u64>) -> Range<u64> {
-        range.start / self.chunk_sectors..range.end.div_ceil(self.chunk_sectors).min(self.chunks)
+        let chunk = self.chunk_sectors();
+        range.start / chunk..range.end.div_ceil(chunk).min(self.chunks())
+    }
+
+    /// The array's resync space is `resync_sectors` now (a resize): chunks as a record for
+    /// that size has them (as the next run makes it), the recently written ones kept in
+    /// the chunks that cover them. Only while no member is away and no write is in flight
+    /// (asserted).
+    pub fn resize(&self, resync_sectors: u64) {
+        let mut inner = self.lock();
+        assert!(inner.away.is_none() && inner.inflight.is_empty(), "an away record resized while in use");
+        let (old, new) = (self.chunk_sectors(), chunk_sectors_for(resync_sectors));
+        let chunks = resync_sectors.div_ceil(new).max(1);
+        let recent: HashMap<u64, u64> = inner
+            .recent
+            .iter()
+            .flat_map(|(&c, &epoch)| {
+                let sectors = c * old..(c + 1) * old;
+                (sectors.start / new..sectors.end.div_ceil(new)).map(move |n| (n, epoch))
+            })
+            .filter(|&(n, _)| n < chunks)
+            .collect();
+        inner.recent = recent;
+        self.chunk_sectors.store(new, Ordering::Release);
+        self.chunks.store(chunks, Ordering::Release);
     }
 
     /// A write of `chunks` starts. While a member is away, returns the generation to save.
@@ -162,7 +197,7 @@ impl AwayRecord {
         self.store.as_ref()?;
         let inner = self.lock();
         let away = inner.away.as_ref().filter(|a| !a.store_failed)?;
-        let mut bits = vec![0u8; self.chunks.div_ceil(8) as usize];
+        let mut bits = vec![0u8; self.chunks().div_ceil(8) as usize];
         for &c in &away.chunks {
             bits[(c / 8) as usize] |= 1 << (c % 8);
         }
@@ -170,8 +205,8 @@ impl AwayRecord {
             uuid,
             since_events: away.since_events,
             valid_events: events,
-            chunk_sectors: self.chunk_sectors,
-            chunks: self.chunks,
+            chunk_sectors: self.chunk_sectors(),
+            chunks: self.chunks(),
             bits,
         };
         Some((image.encode(), away.generation))
@@ -233,8 +268,8 @@ impl AwayRecord {
         inner.away.as_ref().map(|a| AwayStatus {
             since_events: a.since_events,
             chunks_written: a.chunks.len() as u64,
-            chunks: self.chunks,
-            chunk_sectors: self.chunk_sectors,
+            chunks: self.chunks(),
+            chunk_sectors: self.chunk_sectors(),
             persisted: self.store.is_some() && !a.store_failed,
         })
     }

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 pub(crate) use scrub::MIRROR_UNIT_SECTORS;
 pub use scrub::ScrubCounts;
 
-use super::Array;
 use super::slot::SlotState;
+use super::{Array, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
@@ -248,7 +248,7 @@ impl<M: Member + ?Sized> Maintenance<'_, M> {
             return Ok(step);
         }
         // Counted in the shape while it runs: a reshape starting waits for it.
-        let _entered = self.array.shape.enter(0, 0).await;
+        let _entered = self.array.shape.enter(0, 0).await?;
         if let Some(step) = self.array.assign_spare().await? {
             return Ok(step);
         }
@@ -319,9 +319,14 @@ impl<M: Member + ?Sized> Array<M> {
         self.dirty.store(false, Ordering::Release);
     }
 
-    /// Nothing needs a resync after all (a parity log replay made every stripe consistent).
+    /// The crash's resync is needless after all (a parity log replay made every stripe
+    /// written around it consistent). A resync that begins further on (new space of a resize,
+    /// which no log covers) still runs.
     pub(crate) fn mark_resynced(&self) {
-        self.maintenance.lock().resync_next_unit = None;
+        let mut m = self.maintenance.lock();
+        if m.resync_next_unit == Some(0) {
+            m.resync_next_unit = None;
+        }
     }
 
     /// Where a pending resync stands, in md's resync sectors (`None`: nothing pending).
@@ -361,6 +366,14 @@ impl<M: Member + ?Sized> Array<M> {
         }
         if next >= units {
             self.maintenance.lock().resync_next_unit = None;
+            // A resync resumed after an orderly stop runs on a clean array: its end is
+            // recorded now (md: recovery_cp = MaxSector), or the next start would resume it.
+            if !self.dirty.load(Ordering::Acquire) {
+                let _g = self.locks.lock(META_LOCK_KEY).await;
+                if !self.dirty.load(Ordering::Acquire) {
+                    self.persist_locked(StateChange::Clean).await;
+                }
+            }
             tracing::info!("resync finished");
             return Ok(Step::Finished(work));
         }

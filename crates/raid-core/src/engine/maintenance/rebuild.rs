@@ -235,7 +235,7 @@ impl<M: Member + ?Sized> Array<M> {
         let mut member_sector = start;
         // A bitmap re-add copies whole bitmap chunks only: do not cross their boundaries.
         let bitmap_chunk = if self.members.slots()[role].bitmap_recovery.load(Ordering::Acquire) {
-            self.intent.as_ref().map(|i| i.chunk_sectors).or(self.away.get().map(|a| a.chunk_sectors))
+            self.intent.as_ref().map(|i| i.chunk_sectors()).or(self.away.get().map(|a| a.chunk_sectors()))
         } else {
             None
         };

@@ -225,6 +225,13 @@ pub(crate) trait WriteHole<M: Member + ?Sized>: Send + Sync {
     fn reshapes(&self) -> bool {
         true
     }
+
+    /// Whether its start after an unclean stop makes the crash's resync needless
+    /// ([`Array::mark_resynced`]). The superblocks' dirty mark then says where a resync of
+    /// new space begins (a resize, `resize.rs`), not 0.
+    fn replaces_resync(&self) -> bool {
+        false
+    }
 }
 
 /// No log: member writes go at once (a resync after an unclean stop repairs parity).

@@ -212,6 +212,10 @@ impl<M: Member + ?Sized> WriteHole<M> for Journal<M> {
         false
     }
 
+    fn replaces_resync(&self) -> bool {
+        true
+    }
+
     fn stats(&self) -> WriteHoleStats {
         WriteHoleStats::Journal(Journal::stats(self))
     }

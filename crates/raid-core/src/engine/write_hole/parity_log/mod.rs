@@ -293,6 +293,10 @@ impl<M: Member + ?Sized> WriteHole<M> for ParityLog {
         false
     }
 
+    fn replaces_resync(&self) -> bool {
+        true
+    }
+
     fn stats(&self) -> WriteHoleStats {
         WriteHoleStats::ParityLog(ParityLog::stats(self))
     }

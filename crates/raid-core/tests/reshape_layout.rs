@@ -1,0 +1,175 @@
+//! Changing a raid5/raid6's layout or chunk while it serves (md's no-backup reshape with the
+//! same members): every byte reads back right before, during and after, with writes racing
+//! the windows and restarts from the superblocks (no shutdown) along the way; the superblocks
+//! say md's reshape fields while it runs and the new layout and chunk at the end.
+
+use std::sync::Arc;
+
+use futures::executor::block_on;
+use raid_core::engine::{MaintenanceWork, Step};
+use raid_core::geometry::{Level, ParityLayout};
+use raid_core::md::{self, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
+use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
+
+mod md_common;
+
+const MEMBER_BYTES: u64 = 24 << 20;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn create(level: Level, layout: ParityLayout, disks: usize) -> Vec<Arc<MemoryMember>> {
+    let sizes = vec![Some(MEMBER_BYTES); disks];
+    let params = CreateParams {
+        level,
+        layout: Some(layout as u32),
+        chunk_sectors: Some(128),
+        name: "layout",
+        homehost: None,
+        uuid: Some(MdUuid([3; 16])),
+        members_bytes: &sizes,
+        ppl: false,
+        journal_bytes: None,
+    };
+    let mut n = 0u8;
+    let meta = md::create(&params, 1_700_000_000, &mut || {
+        n += 1;
+        MdUuid([n; 16])
+    })
+    .expect("create");
+    (0..disks)
+        .map(|i| {
+            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
+            let image = meta.superblock_for(i).encode();
+            block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
+            m
+        })
+        .collect()
+}
+
+fn start(members: &[Arc<MemoryMember>]) -> md::Started<dyn Member> {
+    let members: Vec<Arc<dyn Member>> = members.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
+    block_on(md::start(&md_common::assemble(&members), &members, StartOptions::default())).expect("start")
+}
+
+fn superblock(member: &MemoryMember) -> Superblock {
+    let (res, buf) = block_on(member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(4096)));
+    res.unwrap();
+    Superblock::decode(buf.as_slice()).expect("a valid superblock")
+}
+
+fn check_all(array: &raid_core::engine::Array<dyn Member>, model: &[u8], what: &str) {
+    assert_eq!(array.size_bytes() as usize, model.len(), "{what}: the size is kept");
+    let mut at = 0;
+    while at < model.len() {
+        let n = (model.len() - at).min(4 << 20);
+        let got = block_on(array.read(at as u64, n)).unwrap().to_vec();
+        assert!(got == model[at..at + n], "{what}: bytes {at}..{} differ", at + n);
+        at += n;
+    }
+}
+
+/// Changes `level`'s layout `from` -> `to` and its chunk 64 KiB -> `chunk_sectors` under
+/// writes, restarting every few windows, and checks every byte and the superblocks.
+fn reshape_under_writes_and_restarts(level: Level, disks: usize, from: ParityLayout, to: ParityLayout, chunk: u32) {
+    let members = create(level, from, disks);
+    let mut rng = Rng(0x1a + chunk as u64 + to as u64);
+    let mut started = start(&members);
+    while block_on(started.array.maintenance().step(8 << 20)).unwrap() != Step::Idle {}
+    let size = started.array.size_bytes() as usize;
+    let old_data_offset = superblock(&members[0]).data_offset;
+    let mut model = rng.bytes(size);
+    for (i, part) in model.chunks(8 << 20).enumerate() {
+        block_on(started.array.write((i << 23) as u64, part, false)).unwrap();
+    }
+    let layout = (to != from).then_some(to as u32);
+    let new_chunk = (chunk != 128).then_some(chunk);
+    block_on(started.array.admin().reshape(Vec::new(), layout, new_chunk)).expect("the reshape starts");
+    let sb = superblock(&members[0]);
+    assert!(sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET), "{:?}", sb.feature_map);
+    assert_eq!((sb.delta_disks, sb.new_layout, sb.new_chunk), (0, to as u32, chunk));
+    assert!(sb.new_offset < 0, "the data start moves into the headroom: {}", sb.new_offset);
+    let (mut steps, mut restarts) = (0, 0);
+    loop {
+        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
+        let at = (rng.next() % ((size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
+        let data = rng.bytes(len);
+        let maintenance = started.array.maintenance();
+        let (step, written) =
+            block_on(async { futures::join!(maintenance.step(1 << 20), started.array.write(at, &data, false)) });
+        written.unwrap();
+        model[at as usize..at as usize + len].copy_from_slice(&data);
+        steps += 1;
+        match step.expect("a reshape step") {
+            Step::Finished(MaintenanceWork::Reshape) => break,
+            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
+            other => panic!("{level}: unexpected step {other:?}"),
+        }
+        if steps % 4 == 0 {
+            drop(started);
+            started = start(&members);
+            restarts += 1;
+            assert!(started.array.shape().reshape().is_some(), "{level}: still reshaping after a restart");
+            check_all(&started.array, &model, "after a restart");
+        }
+        assert!(steps < 10_000, "{level}: the reshape does not end");
+    }
+    assert!(restarts >= 2, "{level}: restarted {restarts} times");
+    let pg = started.array.geometry().parity().unwrap().clone();
+    assert_eq!((pg.layout(), pg.chunk_sectors()), (to, chunk));
+    check_all(&started.array, &model, "reshaped");
+    while block_on(started.array.maintenance().step(8 << 20)).unwrap() != Step::Idle {}
+    let units = started.array.maintenance().scrub_units();
+    assert_eq!(block_on(started.array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors, 0);
+    block_on(started.array.shutdown()).unwrap();
+    for m in &members {
+        let sb = superblock(m);
+        assert!(!sb.feature_map.intersects(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET), "done");
+        assert_eq!((sb.layout, sb.chunksize), (to as u32, chunk), "{}", m.name());
+        assert!(sb.data_offset < old_data_offset, "{}: moved into the headroom", m.name());
+    }
+    let again = start(&members);
+    check_all(&again.array, &model, "after a clean restart");
+}
+
+#[test]
+fn raid5_changes_its_layout_under_writes_and_restarts() {
+    reshape_under_writes_and_restarts(Level::Raid5, 4, ParityLayout::LeftSymmetric, ParityLayout::RightAsymmetric, 128);
+}
+
+#[test]
+fn raid5_changes_its_chunk_under_writes_and_restarts() {
+    reshape_under_writes_and_restarts(Level::Raid5, 3, ParityLayout::LeftSymmetric, ParityLayout::LeftSymmetric, 64);
+    reshape_under_writes_and_restarts(Level::Raid5, 3, ParityLayout::LeftSymmetric, ParityLayout::LeftSymmetric, 256);
+}
+
+/// The second half of md's raid5 -> raid6: Q moves from the last member into the rotation.
+#[test]
+fn raid6_moves_q_into_the_rotation_under_writes_and_restarts() {
+    reshape_under_writes_and_restarts(Level::Raid6, 4, ParityLayout::LeftSymmetric6, ParityLayout::LeftSymmetric, 128);
+}
+
+#[test]
+fn a_layout_change_that_would_shrink_the_array_is_refused() {
+    let members = create(Level::Raid5, ParityLayout::LeftSymmetric, 3);
+    let started = start(&members);
+    let err = block_on(started.array.admin().reshape(Vec::new(), None, Some(128))).unwrap_err();
+    assert!(err.to_string().contains("changes the layout or chunk"), "nothing to change: {err}");
+    let size_sectors = started.array.geometry().component_sectors();
+    // A chunk that does not divide the members' data would lose the end.
+    let big = (1..12).map(|s| 128u32 << s).find(|&c| !size_sectors.is_multiple_of(u64::from(c))).unwrap();
+    let err = block_on(started.array.admin().reshape(Vec::new(), None, Some(big))).unwrap_err();
+    assert!(err.to_string().contains("not a multiple of the new chunk"), "{err}");
+}
