@@ -1,14 +1,17 @@
 //! `raidnbd check [--repair]`: offline scrub. Reads every stripe (or mirror block),
 //! counts parity/mirror mismatches in md's `mismatch_cnt` units, and with `--repair`
-//! rewrites them. Exit status 1 when mismatches were found (even if repaired).
+//! rewrites them. Each mismatch is listed with the member whose bytes are wrong where
+//! redundancy names it (raid6, mirrors of three or more; `engine/maintenance/scrub.rs`), and
+//! repair rewrites that member. Exit status 1 when mismatches were found (even if repaired).
 
 use std::io::IsTerminal;
 use std::time::Instant;
 
 use anyhow::{Result, anyhow};
 use indicatif::{ProgressBar, ProgressStyle};
-use raid_core::engine::ScrubCounts;
-use serde_json::json;
+use raid_core::Member;
+use raid_core::engine::{Array, Mismatch, ScrubCounts};
+use serde_json::{Value, json};
 
 use crate::cli::{CheckArgs, MemberIoArgs};
 use crate::open::{MemberOpenOptions, open_array};
@@ -16,6 +19,25 @@ use crate::size::human_bytes;
 
 /// Units scrubbed between progress updates.
 const UNITS_PER_STEP: u64 = 16;
+
+/// The scrub's mismatch log for people and scripts: where, and which member is wrong.
+pub fn mismatches_json(array: &Array<dyn Member>, mismatches: &[Mismatch]) -> Value {
+    let names = array.admin().role_status();
+    let name = |role: usize| names.iter().find(|r| r.role == role).and_then(|r| r.name.clone());
+    mismatches
+        .iter()
+        .map(|m| {
+            json!({
+                "stripe": m.stripe,
+                "member_sector": m.member_sector,
+                "sectors": m.sectors,
+                "role": m.role,
+                "member": m.role.and_then(name),
+                "repaired": m.repaired,
+            })
+        })
+        .collect()
+}
 
 /// Returns whether mismatches were found.
 pub async fn run(args: CheckArgs) -> Result<bool> {
@@ -65,11 +87,29 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
                 "array": name,
                 "checked_bytes": total.scrubbed_bytes,
                 "mismatch_cnt": total.mismatch_sectors,
+                "located_sectors": total.located_sectors,
+                "mismatches": mismatches_json(&array, &array.maintenance().mismatches()),
                 "repaired_sectors": total.repaired_sectors,
                 "seconds": secs,
             }))?
         );
     } else {
+        for m in mismatches_json(&array, &array.maintenance().mismatches()).as_array().into_iter().flatten() {
+            let place = match m["stripe"].as_u64() {
+                Some(stripe) => format!("stripe {stripe}, "),
+                None => String::new(),
+            };
+            let who = match m["member"].as_str() {
+                Some(member) => format!("wrong on {member} (role {})", m["role"]),
+                None => "which member is wrong is not known".to_string(),
+            };
+            println!(
+                "mismatch: {place}member sectors {}+{}: {who}{}",
+                m["member_sector"],
+                m["sectors"],
+                if m["repaired"] == true { ", repaired" } else { "" }
+            );
+        }
         println!(
             "{} {name}: {} checked in {secs:.1}s, mismatch_cnt {} sectors{}",
             if args.repair { "repaired" } else { "checked" },

@@ -391,7 +391,12 @@ fn status(export: &ControlledExport) -> Value {
         })),
         "resync_pending": maintenance.resync_pending,
         "mismatch_cnt": maintenance.mismatch_sectors,
-        "last_check": maintenance.last_scrub.map(|(w, c)| json!({"kind": w.name(), "mismatch_cnt": c.mismatch_sectors})),
+        "last_check": maintenance.last_scrub.map(|(w, c)| json!({
+            "kind": w.name(),
+            "mismatch_cnt": c.mismatch_sectors,
+            "located_sectors": c.located_sectors,
+        })),
+        "mismatches": crate::check::mismatches_json(array, &array.maintenance().mismatches()),
         "speed_limits": {
             "min_bytes_per_sec": export.worker.limits.min_bytes_per_sec.load(Ordering::Relaxed),
             "max_bytes_per_sec": export.worker.limits.max_bytes_per_sec.load(Ordering::Relaxed),

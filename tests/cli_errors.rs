@@ -1,6 +1,8 @@
 //! Every user error is one clear line and exit status 2, never a panic; nothing is
 //! written to members when a command refuses.
 
+use std::process::Command;
+
 use crate::util::*;
 
 #[test]
@@ -101,6 +103,58 @@ fn check_reports_and_repairs_mismatches() {
     assert_eq!(out.status.code(), Some(1));
     let out = raidnbd(d, &["check", "--json", "a", "b", "c"]);
     assert_ok(&out);
+}
+
+/// A raid6 member that returns wrong bytes: `check` names it (offline and `ctl check`
+/// online), `check --repair` rewrites that member's bytes, not the parity.
+#[test]
+fn raid6_check_names_the_wrong_member_and_repair_rewrites_it() {
+    let dir = tempdir();
+    let d = dir.path();
+    let members = ["a", "b", "c", "d"];
+    let create = ["create", "--level", "6", "--chunk", "64K", "--consistency-policy", "resync", "--size", "8M"];
+    assert_ok(&raidnbd(d, &[&create[..], &members].concat()));
+    {
+        let served = Served::start(d, "a", &[], &members);
+        let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 7) as u8).collect();
+        std::fs::write(d.join("data"), &data).unwrap();
+        run_ok(Command::new("nbdcopy").arg(d.join("data")).arg(served.uri("a")));
+        served.stop();
+    }
+    let examine: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["examine", "--json", "c"]))).unwrap();
+    let data_offset = examine[0]["data_offset_sectors"].as_u64().unwrap() as usize * 512;
+    let good = std::fs::read(d.join("c")).unwrap();
+    let mut bytes = good.clone();
+    for at in [data_offset + (1 << 20) + 5, data_offset + (3 << 20) + 4000] {
+        bytes[at] ^= 0x3c;
+    }
+    std::fs::write(d.join("c"), &bytes).unwrap();
+    let out = raidnbd(d, &[&["check", "--json"][..], &members].concat());
+    assert_eq!(out.status.code(), Some(1), "mismatches found => exit 1");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["mismatch_cnt"].as_u64(), v["located_sectors"].as_u64()), (Some(16), Some(16)), "{v:#}");
+    let c = d.join("c").to_str().unwrap().to_string();
+    for m in v["mismatches"].as_array().unwrap() {
+        assert_eq!(m["member"].as_str(), Some(c.as_str()), "{v:#}");
+    }
+    // Online: ctl check names it in ctl status.
+    let sock = d.join("c.sock").to_str().unwrap().to_string();
+    let served = Served::start(d, "a", &["--control", &sock], &members);
+    assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "check"]));
+    assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "wait", "--timeout", "60s"]));
+    let status: serde_json::Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "status", "--json"]))).unwrap();
+    let mismatches = status[0]["mismatches"].as_array().unwrap();
+    assert_eq!(mismatches.len(), 2, "{status:#}");
+    assert!(mismatches.iter().all(|m| m["member"].as_str() == Some(c.as_str())), "{status:#}");
+    served.stop();
+    let out = raidnbd(d, &[&["check", "--repair"][..], &members].concat());
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("wrong on {c} (role 2), repaired")), "{text}");
+    assert!(std::fs::read(d.join("c")).unwrap() == good, "the wrong member's bytes are rewritten");
+    assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()));
 }
 
 #[test]

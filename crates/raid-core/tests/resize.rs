@@ -35,10 +35,18 @@ impl Rng {
 
 /// An md array of `disks` memory members of `MEMBER_BYTES` (64 KiB chunks).
 fn create(level: Level, disks: usize, ppl: bool) -> Vec<Arc<MemoryMember>> {
+    create_params(level, None, disks, ppl)
+}
+
+fn create_with_layout(level: Level, layout: Option<u32>, disks: usize) -> Vec<Arc<MemoryMember>> {
+    create_params(level, layout, disks, false)
+}
+
+fn create_params(level: Level, layout: Option<u32>, disks: usize, ppl: bool) -> Vec<Arc<MemoryMember>> {
     let sizes = vec![Some(MEMBER_BYTES); disks];
     let params = CreateParams {
         level,
-        layout: None,
+        layout,
         chunk_sectors: (level != Level::Raid1).then_some(128),
         name: "size",
         homehost: None,
@@ -317,6 +325,11 @@ fn a_resize_is_refused_where_it_cannot_be_done_safely() {
     let started = start(&members);
     let err = block_on(started.array.admin().resize(SizeTarget::Max)).unwrap_err();
     assert!(err.to_string().contains("grow it by members"), "raid0: {err}");
+
+    let members = create_with_layout(Level::Raid10, Some(0x201), 2);
+    let started = start(&members);
+    let err = block_on(started.array.admin().resize(SizeTarget::Max)).unwrap_err();
+    assert!(err.to_string().contains("far copies"), "raid10 f2: {err}");
 
     let members = create(Level::Raid5, 3, false);
     let started = start(&members);

@@ -72,7 +72,9 @@ pub use away::{AwayImage, AwayStart, AwayStatus, AwayStore};
 pub use builder::ArrayBuilder;
 pub use gather::Timer;
 pub use lock_table::{LockGuard, LockTable};
-pub use maintenance::{Maintenance, MaintenanceStatus, MaintenanceWork, RecoveryTally, ScrubCounts, Step};
+pub use maintenance::{
+    MISMATCH_LOG_LIMIT, Maintenance, MaintenanceStatus, MaintenanceWork, Mismatch, RecoveryTally, ScrubCounts, Step,
+};
 pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 pub use resize::{Resized, SizeTarget};
 pub use shape::{Direction, Layout, Reshape, Shape};

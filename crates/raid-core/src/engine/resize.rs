@@ -20,8 +20,8 @@
 //!   (`ensure_dirty`), so that the replay after a crash does not declare the new space in
 //!   sync.
 //!
-//! Refused as md refuses: linear and raid0 (they use whole members and grow by members), a
-//! read-only array, while a reshape or any background work runs; and, unlike md, while
+//! Refused as md refuses: linear and raid0 (they use whole members and grow by members),
+//! raid10 far layouts (their copies' places depend on the size), a read-only array, while a reshape or any background work runs; and, unlike md, while
 //! degraded (the new space could not be resynced) or building a replacement.
 
 use std::sync::Arc;
@@ -72,6 +72,13 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(refused(format!(
                 "{} uses whole members and has no size of its own to change (as in md): grow it by members",
                 geometry.level()
+            )));
+        }
+        if let Some(layout) = geometry.raid10().map(|g| g.layout()).filter(|l| l.far_copies > 1 && !l.offset) {
+            return Err(refused(format!(
+                "raid10 layout f{} places its far copies by the member size, so a size change would move them \
+                 (md refuses it too)",
+                layout.far_copies
             )));
         }
         let slots = self.members.slots();

@@ -14,6 +14,7 @@
 //! - [`update_parity`]: P and Q read-modify-write for one changed data block, in one pass.
 //! - [`parity_matches`]: scrub check.
 //! - [`gen_syndrome`]: Linux's `gen_syndrome` for data in md slot order.
+//! - [`locate_bad_block`]: which one block of a raid6 stripe is wrong (scrub).
 //!
 //! Data blocks carry arbitrary exponents (md's slot order, or DDF's g^role with gaps); they
 //! are taken modulo 255 (g^255 = 1).
@@ -36,6 +37,7 @@
 mod gf256;
 mod implementation;
 mod lanes;
+mod locate;
 mod ops;
 mod recover;
 #[cfg(target_arch = "x86_64")]
@@ -47,6 +49,7 @@ mod tests;
 
 pub use gf256::{GF_POLYNOMIAL, gf_exp, gf_inv, gf_log, gf_mul, gf_mul_bitwise, gf_mul2};
 pub use implementation::ParityImpl;
+pub use locate::{Located, locate_bad_block};
 
 /// Most data blocks a stripe may have: Q coefficients g^e are distinct only for 255
 /// exponents, and the kernels keep per-stripe bookkeeping on the stack.

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 pub(crate) use scrub::MIRROR_UNIT_SECTORS;
-pub use scrub::ScrubCounts;
+pub use scrub::{MISMATCH_LOG_LIMIT, Mismatch, ScrubCounts};
 
 use super::slot::SlotState;
 use super::{Array, META_LOCK_KEY, StateChange};
@@ -118,6 +118,8 @@ pub(super) struct Inner {
     pub(super) since_checkpoint: u64,
     pub(super) recovery: Option<RecoveryTally>,
     pub(super) last_recovery: Option<RecoveryTally>,
+    /// What the current (or last) scrub found, bounded (scrub.rs).
+    pub(super) mismatches: Vec<Mismatch>,
     pub(super) waker: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
@@ -136,6 +138,7 @@ impl MaintenanceState {
                 since_checkpoint: 0,
                 recovery: None,
                 last_recovery: None,
+                mismatches: Vec::new(),
                 waker: None,
             }),
         }
@@ -304,6 +307,12 @@ impl<M: Member + ?Sized> Maintenance<'_, M> {
     }
 
     /// Bitmap chunks currently marked dirty (`None` without a bitmap).
+    /// The mismatches the current or last scrub found (the first [`MISMATCH_LOG_LIMIT`]), with
+    /// the member that is wrong where redundancy could tell.
+    pub fn mismatches(&self) -> Vec<Mismatch> {
+        self.array.maintenance.lock().mismatches.clone()
+    }
+
     pub fn dirty_bitmap_chunks(&self) -> Option<u64> {
         self.array.dirty_bitmap_chunks()
     }
@@ -385,7 +394,7 @@ impl<M: Member + ?Sized> Array<M> {
                 .count()
                 .max(1) as u64;
         }
-        let counts = self.scrub(next, count, true).await?;
+        let counts = self.resync_units(next, count).await?;
         if counts.mismatch_sectors > 0 {
             tracing::info!(sectors = counts.mismatch_sectors, "resync rewrote inconsistent redundancy");
         }

@@ -4,7 +4,11 @@
 //! Units (md semantics): raid4/5/6 count 8 sectors per 4 KiB page whose parity disagrees
 //! with its data; raid1/raid10 count the 64 KiB resync block (128 sectors) whose copies
 //! differ. Repair recomputes parity from data (raid4/5/6) or copies the first copy over the
-//! others (raid1/raid10), as md's `repair` does.
+//! others (raid1/raid10), as md's `repair` does, except where redundancy names the member
+//! that is wrong: a raid6 page whose P and Q syndromes point at one block (the math of
+//! `raid6check`, [`parity::locate_bad_block`]), a mirror of three or more copies where a
+//! majority agrees. There the wrong member is named in the mismatch log ([`Mismatch`]) and
+//! repair rewrites it, not the parity (or copies the majority, not the first copy).
 //!
 //! Scrubbing works in *units* the caller iterates with progress: stripes for parity levels,
 //! 1 MiB array ranges for mirrored levels. Each unit is locked while it is compared, so a
@@ -18,7 +22,7 @@ use crate::engine::stripe_read::{block_kinds, block_role};
 use crate::engine::{Array, DataPath, Layout};
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
-use crate::parity;
+use crate::parity::{self, BlockKind, Located};
 
 /// Page size parity mismatches are counted in (md stripe cache unit).
 const PARITY_PAGE_SECTORS: u64 = 8;
@@ -26,6 +30,25 @@ const PARITY_PAGE_SECTORS: u64 = 8;
 const MIRROR_BLOCK_SECTORS: u64 = 128;
 /// Array sectors per mirror scrub unit.
 pub(crate) const MIRROR_UNIT_SECTORS: u64 = 2048;
+
+/// Mismatches kept per scrub (the first ones; the counts have them all).
+pub const MISMATCH_LOG_LIMIT: usize = 256;
+
+/// One mismatch a scrub found, and the member whose bytes are wrong when redundancy can
+/// tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The stripe (raid4/5/6), or `None` on a mirror.
+    pub stripe: Option<u64>,
+    /// Where, in sectors from the member's data start (the located member's, else the
+    /// first copy's on a mirror), and how many.
+    pub member_sector: u64,
+    pub sectors: u64,
+    /// The role whose bytes are wrong, when located.
+    pub role: Option<usize>,
+    /// Repair rewrote it.
+    pub repaired: bool,
+}
 
 /// Result of scrubbing some units.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +61,8 @@ pub struct ScrubCounts {
     pub scrubbed_bytes: u64,
     /// Sectors of parity pages not compared because a block there is bad (bad_blocks.rs).
     pub skipped_bad_sectors: u64,
+    /// Mismatching sectors whose wrong member redundancy named (raid6, mirrors of 3+).
+    pub located_sectors: u64,
 }
 
 impl std::ops::AddAssign for ScrubCounts {
@@ -46,6 +71,7 @@ impl std::ops::AddAssign for ScrubCounts {
         self.repaired_sectors += o.repaired_sectors;
         self.scrubbed_bytes += o.scrubbed_bytes;
         self.skipped_bad_sectors += o.skipped_bad_sectors;
+        self.located_sectors += o.located_sectors;
     }
 }
 
@@ -61,6 +87,17 @@ impl<M: Member + ?Sized> Array<M> {
     /// Scrubs `count` units from `first`. Needs every member: a degraded array has no
     /// redundancy to compare (md refuses to check it too).
     pub(crate) async fn scrub(&self, first: u64, count: u64, repair: bool) -> Result<ScrubCounts> {
+        self.scrub_as(first, count, repair, true).await
+    }
+
+    /// The resync after an unclean stop: as md, parity from data and the first copy over the
+    /// others. A half-done write leaves one block different from the others there, which is
+    /// no member's fault (and not something to undo), so nothing is located.
+    pub(crate) async fn resync_units(&self, first: u64, count: u64) -> Result<ScrubCounts> {
+        self.scrub_as(first, count, true, false).await
+    }
+
+    async fn scrub_as(&self, first: u64, count: u64, repair: bool, locate: bool) -> Result<ScrubCounts> {
         if repair {
             self.check_writable("repair")?;
         }
@@ -81,18 +118,27 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(RaidError::new(ErrorKind::Refused, "cannot check an array while it is reshaped"));
         }
         let layout = shape.layout();
+        if first == 0 && locate {
+            self.maintenance.lock().mismatches.clear();
+        }
         let mut total = ScrubCounts::default();
         let end = (first + count).min(self.scrub_units());
         for unit in first..end {
             total += match DataPath::of(layout) {
-                DataPath::Striped => self.scrub_stripe(layout, unit, repair).await?,
-                DataPath::Mirrored => self.scrub_mirror_unit(layout, unit, repair).await?,
+                DataPath::Striped => self.scrub_stripe(layout, unit, repair, locate).await?,
+                DataPath::Mirrored => self.scrub_mirror_unit(layout, unit, repair, locate).await?,
             };
         }
         Ok(total)
     }
 
-    async fn scrub_stripe(&self, array_layout: &Layout, stripe: u64, repair: bool) -> Result<ScrubCounts> {
+    async fn scrub_stripe(
+        &self,
+        array_layout: &Layout,
+        stripe: u64,
+        repair: bool,
+        locate: bool,
+    ) -> Result<ScrubCounts> {
         let pg = array_layout.parity().expect("parity level");
         let _guard = self.locks.lock(stripe).await;
         let layout = pg.stripe(stripe);
@@ -123,9 +169,55 @@ impl<M: Member + ?Sized> Array<M> {
         }
         counts.mismatch_sectors = bad_pages.len() as u64 * PARITY_PAGE_SECTORS;
         counts.skipped_bad_sectors = unknown_pages.len() as u64 * PARITY_PAGE_SECTORS;
+        let dd = layout.data_roles.len();
+        // raid6: the syndromes may name the one wrong block of a page.
+        let mut wrong_data: Vec<(usize, usize)> = Vec::new();
+        for &p in &bad_pages {
+            let located = if locate && kinds.contains(&BlockKind::Q) {
+                let slices: Vec<&[u8]> = blocks.iter().map(|b| &b.as_slice()[p * page..(p + 1) * page]).collect();
+                parity::locate_bad_block(&slices, &kinds)
+            } else {
+                Located::Unknown
+            };
+            let role = match located {
+                Located::Block(b) => {
+                    counts.located_sectors += PARITY_PAGE_SECTORS;
+                    if b < dd {
+                        wrong_data.push((b, p));
+                    }
+                    Some(roles[b])
+                }
+                _ => None,
+            };
+            let at = member_sector + p as u64 * PARITY_PAGE_SECTORS;
+            if locate {
+                self.log_mismatch(Mismatch {
+                    stripe: Some(stripe),
+                    member_sector: at,
+                    sectors: PARITY_PAGE_SECTORS,
+                    role,
+                    repaired: repair,
+                });
+            }
+            if let Some(role) = role {
+                tracing::warn!(stripe, role, member_sector = at, "scrub: the member's bytes are wrong (P and Q agree)");
+            }
+        }
         if repair && !bad_pages.is_empty() {
             let mut blocks = blocks;
-            let dd = layout.data_roles.len();
+            // A data page named wrong is rebuilt from the rest (then the parity matches it);
+            // only unlocated pages get their parity recomputed from possibly wrong data.
+            for &(b, p) in &wrong_data {
+                let mut slices: Vec<&mut [u8]> =
+                    blocks.iter_mut().map(|buf| &mut buf.as_mut_slice()[p * page..(p + 1) * page]).collect();
+                let rebuilt = parity::reconstruct(&mut slices, &kinds, &[b]);
+                debug_assert!(rebuilt, "one block of a raid6 page can always be rebuilt");
+            }
+            let mut data_roles: Vec<usize> = wrong_data.iter().map(|&(b, _)| b).collect();
+            data_roles.sort_unstable();
+            data_roles.dedup();
+            let data_writes: Vec<(usize, AlignedBuf)> =
+                data_roles.iter().map(|&b| (roles[b], blocks[b].clone())).collect();
             let kept: Vec<(usize, usize, Vec<u8>)> = unknown_pages
                 .iter()
                 .flat_map(|&p| (dd..blocks.len()).map(move |b| (b, p)))
@@ -141,7 +233,7 @@ impl<M: Member + ?Sized> Array<M> {
             let parity_blocks: Vec<(usize, AlignedBuf)> =
                 blocks.into_iter().enumerate().skip(dd).map(|(b, buf)| (roles[b], buf)).collect();
             let results =
-                join_all(parity_blocks.into_iter().map(|(role, buf)| async move {
+                join_all(parity_blocks.into_iter().chain(data_writes).map(|(role, buf)| async move {
                     (role, self.write_member(role, member_sector, buf, false).await)
                 }))
                 .await;
@@ -156,7 +248,7 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(counts)
     }
 
-    async fn scrub_mirror_unit(&self, layout: &Layout, unit: u64, repair: bool) -> Result<ScrubCounts> {
+    async fn scrub_mirror_unit(&self, layout: &Layout, unit: u64, repair: bool, locate: bool) -> Result<ScrubCounts> {
         let start = unit * MIRROR_UNIT_SECTORS;
         let end = (start + MIRROR_UNIT_SECTORS).min(layout.geometry().array_sectors());
         let _guards = self.lock_mirror_range(layout, start, end - start).await;
@@ -176,13 +268,40 @@ impl<M: Member + ?Sized> Array<M> {
                     }
                 }
             }
-            let differing: Vec<usize> = (1..bufs.len()).filter(|&i| bufs[i].as_slice() != bufs[0].as_slice()).collect();
+            // Three copies or more: a strict majority names the wrong ones; else the first
+            // copy is the reference (md).
+            let agreeing = |i: usize| bufs.iter().filter(|b| b.as_slice() == bufs[i].as_slice()).count();
+            let majority =
+                (locate && bufs.len() >= 3).then(|| (0..bufs.len()).find(|&i| agreeing(i) * 2 > bufs.len())).flatten();
+            let reference = majority.unwrap_or(0);
+            let differing: Vec<usize> =
+                (0..bufs.len()).filter(|&i| bufs[i].as_slice() != bufs[reference].as_slice()).collect();
             if !differing.is_empty() {
                 counts.mismatch_sectors += run;
+                for &i in &differing {
+                    let role = majority.map(|_| mapped.copies[i].role);
+                    let at =
+                        if role.is_some() { mapped.copies[i].member_sector } else { mapped.copies[0].member_sector };
+                    if locate {
+                        self.log_mismatch(Mismatch {
+                            stripe: None,
+                            member_sector: at,
+                            sectors: run,
+                            role,
+                            repaired: repair,
+                        });
+                    }
+                    if majority.is_none() {
+                        break; // one entry: which copy is wrong is not known
+                    }
+                }
+                if majority.is_some() {
+                    counts.located_sectors += run;
+                }
                 if repair {
                     for &i in &differing {
                         let c = mapped.copies[i];
-                        self.write_member(c.role, c.member_sector, bufs[0].clone(), false)
+                        self.write_member(c.role, c.member_sector, bufs[reference].clone(), false)
                             .await
                             .map_err(|e| RaidError::io(format!("repair of array sector {sector} failed"), e))?;
                     }
@@ -192,6 +311,14 @@ impl<M: Member + ?Sized> Array<M> {
             sector += run;
         }
         Ok(counts)
+    }
+
+    /// Keeps `mismatch` in the scrub's log (the first [`MISMATCH_LOG_LIMIT`]).
+    fn log_mismatch(&self, mismatch: Mismatch) {
+        let mut m = self.maintenance.lock();
+        if m.mismatches.len() < MISMATCH_LOG_LIMIT {
+            m.mismatches.push(mismatch);
+        }
     }
 
     async fn read_all(&self, roles: &[usize], member_sector: u64, sectors: u64) -> Result<Vec<AlignedBuf>> {
