@@ -388,3 +388,36 @@ fn an_array_at_rest_changes_its_size_and_refusals_say_why() {
     assert_user_error(&raidnbd(d, &["grow", "--size", "max", "z0", "z1"]), "grow it by members");
     assert_usage_error(&raidnbd(d, &["grow", "z0", "z1"]), "required arguments");
 }
+
+/// Online, a shrink of an export served through a write-back cache is refused (cached writes
+/// past the new end could not be written back); growing it is fine.
+#[test]
+fn a_write_back_export_grows_online_but_shrinks_only_at_rest() {
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "m0", "m1"]));
+    for m in ["m0", "m1"] {
+        std::fs::OpenOptions::new().write(true).open(d.join(m)).unwrap().set_len(48 << 20).unwrap();
+    }
+    let sock = d.join("c.sock").to_str().unwrap().to_string();
+    let served = Served::start(d, "a", &["--cache", "writeback", "--control", &sock], &["m0", "m1"]);
+    let before = status(d, &sock)["size_bytes"].as_u64().unwrap();
+    assert_user_error(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--size", "16M"]), "write-back cache");
+    assert_eq!(status(d, &sock)["size_bytes"], before, "nothing changed");
+    let out = assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--size", "max"]));
+    assert!(out.contains("grew"), "{out}");
+    let size = run_ok(Command::new("nbdinfo").args(["--size", &served.uri("a")]));
+    assert!(size.trim().parse::<u64>().unwrap() > before + (15 << 20), "{size}");
+    // At rest, not while the new space still waits for its resync.
+    served.stop();
+    assert_user_error(&raidnbd(d, &["grow", "--size", "16M", "m0", "m1"]), "background work");
+    let served = Served::start(d, "a", &["--control", &sock], &["m0", "m1"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status(d, &sock)["resync_pending"] == true {
+        assert!(Instant::now() < deadline, "the resync of the new space did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    served.stop();
+    let out = assert_ok(&raidnbd(d, &["grow", "--size", "16M", "m0", "m1"]));
+    assert!(out.contains("shrank"), "{out}");
+}

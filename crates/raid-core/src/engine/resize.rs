@@ -92,7 +92,9 @@ impl<M: Member + ?Sized> Array<M> {
         let status = self.maintenance().status();
         if status.resync_pending || status.current.is_some() {
             return Err(refused(
-                "background work is running (resync, check or rebuild): change the size when it is done".into(),
+                "background work is running or due (resync, check or rebuild): change the size when it is done (an array \
+                 at rest: serve it until ctl status shows none)"
+                    .into(),
             ));
         }
         Ok(geometry)
