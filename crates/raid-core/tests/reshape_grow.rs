@@ -14,87 +14,20 @@ use std::task::{Context, Poll};
 use futures::executor::block_on;
 use raid_core::engine::{MaintenanceWork, Step};
 use raid_core::geometry::Level;
-use raid_core::md::{self, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
+use raid_core::md::{self, FeatureMap, StartOptions};
 use raid_core::member::{BufResult, IoFuture};
 use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
 
 mod md_common;
 
+use md_common::in_memory::{self, Rng, check_all, start, superblock};
+
 const MEMBER_BYTES: u64 = 24 << 20;
-
-/// A seeded xorshift generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 /// An md array of `disks` memory members (64 KiB chunks, resync policy), and `extra` blank
 /// members of the same size.
 fn create(level: Level, disks: usize, extra: usize) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(MEMBER_BYTES); disks];
-    let params = CreateParams {
-        level,
-        layout: None,
-        chunk_sectors: Some(128),
-        name: "grow",
-        homehost: None,
-        uuid: Some(MdUuid([9; 16])),
-        members_bytes: &sizes,
-        ppl: false,
-        journal_bytes: None,
-    };
-    let mut n = 0u8;
-    let meta = md::create(&params, 1_700_000_000, &mut || {
-        n += 1;
-        MdUuid([n; 16])
-    })
-    .expect("create");
-    (0..disks + extra)
-        .map(|i| {
-            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
-            if i < disks {
-                let image = meta.superblock_for(i).encode();
-                block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
-            }
-            m
-        })
-        .collect()
-}
-
-fn dyn_members(members: &[Arc<MemoryMember>]) -> Vec<Arc<dyn Member>> {
-    members.iter().map(|m| m.clone() as Arc<dyn Member>).collect()
-}
-
-fn start(members: &[Arc<MemoryMember>]) -> md::Started<dyn Member> {
-    let members = dyn_members(members);
-    block_on(md::start(&md_common::assemble(&members), &members, StartOptions::default())).expect("start")
-}
-
-fn superblock(member: &MemoryMember) -> Superblock {
-    let (res, buf) = block_on(member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(4096)));
-    res.unwrap();
-    Superblock::decode(buf.as_slice()).expect("a valid superblock")
-}
-
-fn check_all(array: &raid_core::engine::Array<dyn Member>, model: &[u8], what: &str) {
-    let size = array.size_bytes() as usize;
-    let mut at = 0;
-    while at < size {
-        let n = (size - at).min(4 << 20);
-        let got = block_on(array.read(at as u64, n)).unwrap().to_vec();
-        assert!(got == model[at..at + n], "{what}: bytes {at}..{} differ", at + n);
-        at += n;
-    }
+    in_memory::create(level, None, disks, extra, false, MEMBER_BYTES)
 }
 
 /// Grows `level` from `disks` to `disks + 1` members under writes, restarting (no shutdown)

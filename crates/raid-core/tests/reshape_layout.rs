@@ -8,77 +8,17 @@ use std::sync::Arc;
 use futures::executor::block_on;
 use raid_core::engine::{MaintenanceWork, Step};
 use raid_core::geometry::{Level, ParityLayout};
-use raid_core::md::{self, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
-use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
+use raid_core::md::FeatureMap;
+use raid_core::{Member, MemoryMember, SECTOR_BYTES};
 
 mod md_common;
 
+use md_common::in_memory::{self, Rng, check_all, run_to_idle, start, superblock, write_all};
+
 const MEMBER_BYTES: u64 = 24 << 20;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 fn create(level: Level, layout: ParityLayout, disks: usize) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(MEMBER_BYTES); disks];
-    let params = CreateParams {
-        level,
-        layout: Some(layout as u32),
-        chunk_sectors: Some(128),
-        name: "layout",
-        homehost: None,
-        uuid: Some(MdUuid([3; 16])),
-        members_bytes: &sizes,
-        ppl: false,
-        journal_bytes: None,
-    };
-    let mut n = 0u8;
-    let meta = md::create(&params, 1_700_000_000, &mut || {
-        n += 1;
-        MdUuid([n; 16])
-    })
-    .expect("create");
-    (0..disks)
-        .map(|i| {
-            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
-            let image = meta.superblock_for(i).encode();
-            block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
-            m
-        })
-        .collect()
-}
-
-fn start(members: &[Arc<MemoryMember>]) -> md::Started<dyn Member> {
-    let members: Vec<Arc<dyn Member>> = members.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-    block_on(md::start(&md_common::assemble(&members), &members, StartOptions::default())).expect("start")
-}
-
-fn superblock(member: &MemoryMember) -> Superblock {
-    let (res, buf) = block_on(member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(4096)));
-    res.unwrap();
-    Superblock::decode(buf.as_slice()).expect("a valid superblock")
-}
-
-fn check_all(array: &raid_core::engine::Array<dyn Member>, model: &[u8], what: &str) {
-    assert_eq!(array.size_bytes() as usize, model.len(), "{what}: the size is kept");
-    let mut at = 0;
-    while at < model.len() {
-        let n = (model.len() - at).min(4 << 20);
-        let got = block_on(array.read(at as u64, n)).unwrap().to_vec();
-        assert!(got == model[at..at + n], "{what}: bytes {at}..{} differ", at + n);
-        at += n;
-    }
+    in_memory::create(level, Some(layout as u32), disks, 0, false, MEMBER_BYTES)
 }
 
 /// Changes `level`'s layout `from` -> `to` and its chunk 64 KiB -> `chunk_sectors` under
@@ -87,13 +27,11 @@ fn reshape_under_writes_and_restarts(level: Level, disks: usize, from: ParityLay
     let members = create(level, from, disks);
     let mut rng = Rng(0x1a + chunk as u64 + to as u64);
     let mut started = start(&members);
-    while block_on(started.array.maintenance().step(8 << 20)).unwrap() != Step::Idle {}
+    run_to_idle(&started.array);
     let size = started.array.size_bytes() as usize;
     let old_data_offset = superblock(&members[0]).data_offset;
     let mut model = rng.bytes(size);
-    for (i, part) in model.chunks(8 << 20).enumerate() {
-        block_on(started.array.write((i << 23) as u64, part, false)).unwrap();
-    }
+    write_all(&started.array, &model);
     let layout = (to != from).then_some(to as u32);
     let new_chunk = (chunk != 128).then_some(chunk);
     block_on(started.array.admin().reshape(Vec::new(), layout, new_chunk)).expect("the reshape starts");

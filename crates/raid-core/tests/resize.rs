@@ -7,97 +7,23 @@
 use std::sync::Arc;
 
 use futures::executor::block_on;
-use raid_core::engine::{Array, MaintenanceWork, SizeTarget, Step};
+use raid_core::engine::{MaintenanceWork, SizeTarget};
 use raid_core::geometry::Level;
-use raid_core::md::{self, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
-use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
+use raid_core::{Member, MemoryMember, SECTOR_BYTES};
 
 mod md_common;
+
+use md_common::in_memory::{
+    self, Rng, check_all, check_each_role_missing, mismatches, read_all, restore, run_to_idle, snapshot, start,
+    superblock, write_all,
+};
 
 const MEMBER_BYTES: u64 = 24 << 20;
 const GROWN_BYTES: u64 = 40 << 20;
 
-/// A seeded xorshift generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// An md array of `disks` memory members of `MEMBER_BYTES` (64 KiB chunks).
 fn create(level: Level, disks: usize, ppl: bool) -> Vec<Arc<MemoryMember>> {
-    create_params(level, None, disks, ppl)
-}
-
-fn create_with_layout(level: Level, layout: Option<u32>, disks: usize) -> Vec<Arc<MemoryMember>> {
-    create_params(level, layout, disks, false)
-}
-
-fn create_params(level: Level, layout: Option<u32>, disks: usize, ppl: bool) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(MEMBER_BYTES); disks];
-    let params = CreateParams {
-        level,
-        layout,
-        chunk_sectors: (level != Level::Raid1).then_some(128),
-        name: "size",
-        homehost: None,
-        uuid: Some(MdUuid([7; 16])),
-        members_bytes: &sizes,
-        ppl,
-        journal_bytes: None,
-    };
-    let mut n = 0u8;
-    let meta = md::create(&params, 1_700_000_000, &mut || {
-        n += 1;
-        MdUuid([n; 16])
-    })
-    .expect("create");
-    (0..disks)
-        .map(|i| {
-            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
-            let image = meta.superblock_for(i).encode();
-            block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
-            m
-        })
-        .collect()
-}
-
-fn start(members: &[Arc<MemoryMember>]) -> md::Started<dyn Member> {
-    let members: Vec<Arc<dyn Member>> = members.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-    block_on(md::start(&md_common::assemble(&members), &members, StartOptions::default())).expect("start")
-}
-
-fn superblock(member: &MemoryMember) -> Superblock {
-    let (res, buf) = block_on(member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(4096)));
-    res.unwrap();
-    Superblock::decode(buf.as_slice()).expect("a valid superblock")
-}
-
-fn read_all(array: &Array<dyn Member>) -> Vec<u8> {
-    let size = array.size_bytes() as usize;
-    let mut out = Vec::with_capacity(size);
-    while out.len() < size {
-        let n = (size - out.len()).min(4 << 20);
-        out.extend_from_slice(&block_on(array.read(out.len() as u64, n)).unwrap().to_vec());
-    }
-    out
-}
-
-fn check_all(array: &Array<dyn Member>, model: &[u8], what: &str) {
-    let got = read_all(array);
-    assert_eq!(got.len(), model.len(), "{what}: size");
-    if let Some(at) = got.iter().zip(model).position(|(a, b)| a != b) {
-        panic!("{what}: byte {at} differs");
-    }
+    in_memory::create(level, None, disks, 0, ppl, MEMBER_BYTES)
 }
 
 /// Grows every member (the volumes were resized), filling the new room with garbage: the
@@ -110,23 +36,6 @@ fn grow_members(members: &[Arc<MemoryMember>], rng: &mut Rng) {
     }
 }
 
-fn run_to_idle(array: &Array<dyn Member>) -> Vec<MaintenanceWork> {
-    let mut finished = Vec::new();
-    for _ in 0..100_000 {
-        match block_on(array.maintenance().step(1 << 20)).expect("a maintenance step") {
-            Step::Idle => return finished,
-            Step::Finished(work) => finished.push(work),
-            Step::Worked { .. } => {}
-        }
-    }
-    panic!("background work does not end");
-}
-
-fn mismatches(array: &Array<dyn Member>) -> u64 {
-    let units = array.maintenance().scrub_units();
-    block_on(array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors
-}
-
 /// `--size max` after the members grew: the export grows at once, the new space is resynced
 /// (also across a restart half-way), writes there before and during the resync read back
 /// right, and md's fields say so.
@@ -136,9 +45,7 @@ fn grow_to_max(level: Level, disks: usize, ppl: bool, seed: u64) {
     let started = start(&members);
     let old_size = started.array.size_bytes() as usize;
     let mut model = rng.bytes(old_size);
-    for (i, part) in model.chunks(16 << 20).enumerate() {
-        block_on(started.array.write((i << 24) as u64, part, false)).unwrap();
-    }
+    write_all(&started.array, &model);
     // A clean restart: md records where the new space's resync begins only on a clean array
     // (a dirty one resyncs everything after a crash anyway).
     block_on(started.array.shutdown()).unwrap();
@@ -198,7 +105,7 @@ fn grow_to_max(level: Level, disks: usize, ppl: bool, seed: u64) {
     drop(started);
     // The small write, read with each role missing before the resync reached it: the right
     // bytes or an error, never others (a read-modify-write over garbage parity would lie).
-    let images: Vec<Vec<u8>> = members.iter().map(|m| m.snapshot()).collect();
+    let images = snapshot(&members);
     for role in 0..roles {
         let crashed = start(&members);
         block_on(crashed.array.admin().fail_role(role)).unwrap();
@@ -206,9 +113,7 @@ fn grow_to_max(level: Level, disks: usize, ppl: bool, seed: u64) {
             assert!(got.to_vec() == small, "{level}: without role {role} the new space lies");
         }
         drop(crashed);
-        for (m, image) in members.iter().zip(&images) {
-            m.with_data(|d| d.copy_from_slice(image));
-        }
+        restore(&members, &images);
     }
     let started = start(&members);
     assert_eq!(started.array.size_bytes() as usize, new_size, "{level}: the size survives a crash");
@@ -229,21 +134,11 @@ fn grow_to_max(level: Level, disks: usize, ppl: bool, seed: u64) {
         assert_eq!(sb.resync_offset, u64::MAX, "{level}: {} in sync", m.name());
         assert!(sb.is_clean());
     }
-    // Every role missing in turn reads the same bytes: the new space's redundancy is real.
     let again = start(&members);
     check_all(&again.array, &model, "after a clean restart");
-    let roles = again.array.geometry().raid_disks();
     drop(again);
-    let images: Vec<Vec<u8>> = members.iter().map(|m| m.snapshot()).collect();
-    for role in 0..roles {
-        let again = start(&members);
-        block_on(again.array.admin().fail_role(role)).unwrap();
-        check_all(&again.array, &model, &format!("{level} without role {role}"));
-        drop(again);
-        for (m, image) in members.iter().zip(&images) {
-            m.with_data(|d| d.copy_from_slice(image));
-        }
-    }
+    // Every role missing in turn reads the same bytes: the new space's redundancy is real.
+    check_each_role_missing(&members, &model, &level.to_string());
 }
 
 #[test]
@@ -281,9 +176,7 @@ fn raid5_shrinks_and_grows_back() {
     let started = start(&members);
     let old_size = started.array.size_bytes() as usize;
     let model = rng.bytes(old_size);
-    for (i, part) in model.chunks(16 << 20).enumerate() {
-        block_on(started.array.write((i << 24) as u64, part, false)).unwrap();
-    }
+    write_all(&started.array, &model);
     let from = superblock(&members[0]).size;
     let err = block_on(started.array.admin().resize(SizeTarget::Sectors(from / 2 + 8))).unwrap_err();
     assert!(err.to_string().contains("not a multiple"), "{err}");
@@ -326,7 +219,7 @@ fn a_resize_is_refused_where_it_cannot_be_done_safely() {
     let err = block_on(started.array.admin().resize(SizeTarget::Max)).unwrap_err();
     assert!(err.to_string().contains("grow it by members"), "raid0: {err}");
 
-    let members = create_with_layout(Level::Raid10, Some(0x201), 2);
+    let members = in_memory::create(Level::Raid10, Some(0x201), 2, 0, false, MEMBER_BYTES);
     let started = start(&members);
     let err = block_on(started.array.admin().resize(SizeTarget::Max)).unwrap_err();
     assert!(err.to_string().contains("far copies"), "raid10 f2: {err}");

@@ -7,64 +7,34 @@
 use std::sync::Arc;
 
 use futures::executor::block_on;
-use raid_core::engine::{Array, Mismatch, Step};
+use raid_core::engine::{Array, Mismatch};
 use raid_core::geometry::Level;
-use raid_core::md::{self, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
-use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
+use raid_core::md;
+use raid_core::{Member, MemoryMember, SECTOR_BYTES};
 
 mod md_common;
+
+use md_common::in_memory::{run_to_idle, start, superblock};
 
 const MEMBER_BYTES: u64 = 8 << 20;
 
 fn create(level: Level, disks: usize) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(MEMBER_BYTES); disks];
-    let params = CreateParams {
-        level,
-        layout: None,
-        chunk_sectors: (level != Level::Raid1).then_some(128),
-        name: "locate",
-        homehost: None,
-        uuid: Some(MdUuid([4; 16])),
-        members_bytes: &sizes,
-        ppl: false,
-        journal_bytes: None,
-    };
-    let mut n = 0u8;
-    let meta = md::create(&params, 1_700_000_000, &mut || {
-        n += 1;
-        MdUuid([n; 16])
-    })
-    .expect("create");
-    (0..disks)
-        .map(|i| {
-            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
-            let image = meta.superblock_for(i).encode();
-            block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
-            m
-        })
-        .collect()
+    md_common::in_memory::create(level, None, disks, 0, false, MEMBER_BYTES)
 }
 
 /// Started, resynced and filled with a pattern.
 fn start_filled(members: &[Arc<MemoryMember>]) -> md::Started<dyn Member> {
-    let dyn_members: Vec<Arc<dyn Member>> = members.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-    let s = block_on(md::start(&md_common::assemble(&dyn_members), &dyn_members, StartOptions::default())).unwrap();
-    while block_on(s.array.maintenance().step(4 << 20)).unwrap() != Step::Idle {}
+    let s = start(members);
+    run_to_idle(&s.array);
     let size = s.array.size_bytes() as usize;
     let data: Vec<u8> = (0..size as u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     block_on(s.array.write(0, &data, false)).unwrap();
     s
 }
 
-fn data_offset_bytes(member: &MemoryMember) -> usize {
-    let (res, buf) = block_on(member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(4096)));
-    res.unwrap();
-    (Superblock::decode(buf.as_slice()).unwrap().data_offset * SECTOR_BYTES) as usize
-}
-
 /// Flips bytes of `member` at `member_sector` (from its data start), behind the array's back.
 fn corrupt(member: &MemoryMember, member_sector: u64, bytes: &[usize]) {
-    let at = data_offset_bytes(member) + (member_sector * SECTOR_BYTES) as usize;
+    let at = ((superblock(member).data_offset + member_sector) * SECTOR_BYTES) as usize;
     member.with_data(|d| bytes.iter().for_each(|&b| d[at + b] ^= 0xa5));
 }
 

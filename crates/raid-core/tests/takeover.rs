@@ -7,55 +7,21 @@
 use std::sync::Arc;
 
 use futures::executor::block_on;
-use raid_core::engine::{Array, MaintenanceWork, Step};
+use raid_core::engine::{Array, MaintenanceWork};
 use raid_core::geometry::{Level, ParityLayout};
-use raid_core::md::{self, CreateParams, DevRole, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
-use raid_core::{AlignedBuf, Member, MemoryMember};
+use raid_core::md::DevRole;
+use raid_core::{Member, MemoryMember};
 
 mod md_common;
+
+use md_common::in_memory::{
+    check_all, check_each_role_missing, mismatches, restore, run_to_idle, snapshot, start, superblock, write_all,
+};
 
 const MEMBER_BYTES: u64 = 16 << 20;
 
 fn create(level: Level, layout: Option<u32>, disks: usize, extra: usize, ppl: bool) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(MEMBER_BYTES); disks];
-    let params = CreateParams {
-        level,
-        layout,
-        chunk_sectors: (level != Level::Raid1).then_some(128),
-        name: "takeover",
-        homehost: None,
-        uuid: Some(MdUuid([5; 16])),
-        members_bytes: &sizes,
-        ppl,
-        journal_bytes: None,
-    };
-    let mut n = 0u8;
-    let meta = md::create(&params, 1_700_000_000, &mut || {
-        n += 1;
-        MdUuid([n; 16])
-    })
-    .expect("create");
-    (0..disks + extra)
-        .map(|i| {
-            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
-            if i < disks {
-                let image = meta.superblock_for(i).encode();
-                block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
-            }
-            m
-        })
-        .collect()
-}
-
-fn start(members: &[Arc<MemoryMember>]) -> md::Started<dyn Member> {
-    let members: Vec<Arc<dyn Member>> = members.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
-    block_on(md::start(&md_common::assemble(&members), &members, StartOptions::default())).expect("start")
-}
-
-fn superblock(member: &MemoryMember) -> Superblock {
-    let (res, buf) = block_on(member.read_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::zeroed(4096)));
-    res.unwrap();
-    Superblock::decode(buf.as_slice()).expect("a valid superblock")
+    md_common::in_memory::create(level, layout, disks, extra, ppl, MEMBER_BYTES)
 }
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -66,50 +32,8 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 fn fill(array: &Array<dyn Member>, seed: u32) -> Vec<u8> {
     run_to_idle(array);
     let model = pattern(array.size_bytes() as usize, seed);
-    for (i, part) in model.chunks(4 << 20).enumerate() {
-        block_on(array.write((i << 22) as u64, part, false)).unwrap();
-    }
+    write_all(array, &model);
     model
-}
-
-fn check_all(array: &Array<dyn Member>, model: &[u8], what: &str) {
-    assert_eq!(array.size_bytes() as usize, model.len(), "{what}: the size is kept");
-    for (i, part) in model.chunks(4 << 20).enumerate() {
-        let got = block_on(array.read((i << 22) as u64, part.len())).unwrap().to_vec();
-        assert!(got == part, "{what}: bytes from {} differ", i << 22);
-    }
-}
-
-fn run_to_idle(array: &Array<dyn Member>) -> Vec<MaintenanceWork> {
-    let mut finished = Vec::new();
-    for _ in 0..100_000 {
-        match block_on(array.maintenance().step(4 << 20)).expect("a maintenance step") {
-            Step::Idle => return finished,
-            Step::Finished(work) => finished.push(work),
-            Step::Worked { .. } => {}
-        }
-    }
-    panic!("background work does not end");
-}
-
-fn mismatches(array: &Array<dyn Member>) -> u64 {
-    let units = array.maintenance().scrub_units();
-    block_on(array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors
-}
-
-/// Reads everything with each role missing in turn (on copies of the members).
-fn check_each_role_missing(members: &[Arc<MemoryMember>], model: &[u8], what: &str) {
-    let images: Vec<Vec<u8>> = members.iter().map(|m| m.snapshot()).collect();
-    let roles = start(members).array.geometry().raid_disks();
-    for role in 0..roles {
-        let s = start(members);
-        block_on(s.array.admin().fail_role(role)).unwrap();
-        check_all(&s.array, model, &format!("{what} without role {role}"));
-        drop(s);
-        for (m, image) in members.iter().zip(&images) {
-            m.with_data(|d| d.copy_from_slice(image));
-        }
-    }
 }
 
 #[test]
@@ -192,16 +116,14 @@ fn a_raid5_becomes_a_raid6_with_q_rebuilt_onto_a_new_member_and_back() {
     let sb = superblock(&members[3]);
     assert_eq!((sb.level, sb.raid_disks, sb.layout), (Level::Raid6, 4, ParityLayout::LeftSymmetric6 as u32));
     // Any two roles missing: the data is there.
-    let images: Vec<Vec<u8>> = members.iter().map(|m| m.snapshot()).collect();
+    let images = snapshot(&members);
     for (a, b) in [(0, 1), (1, 3), (2, 3), (0, 2)] {
         let s = start(&members);
         block_on(s.array.admin().fail_role(a)).unwrap();
         block_on(s.array.admin().fail_role(b)).unwrap();
         check_all(&s.array, &model, &format!("raid6 without roles {a} and {b}"));
         drop(s);
-        for (m, image) in members.iter().zip(&images) {
-            m.with_data(|d| d.copy_from_slice(image));
-        }
+        restore(&members, &images);
     }
     // Dirty with a data role missing: parity cannot be trusted, read-only.
     let s = start(&members);
@@ -211,9 +133,7 @@ fn a_raid5_becomes_a_raid6_with_q_rebuilt_onto_a_new_member_and_back() {
     let s = start(&members);
     assert!(s.forced_read_only, "dirty without a data role: the write hole");
     drop(s);
-    for (m, image) in members.iter().zip(&images) {
-        m.with_data(|d| d.copy_from_slice(image));
-    }
+    restore(&members, &images);
     // Back: Q's member becomes a spare.
     let s = start(&members);
     let changed = block_on(s.array.admin().change_level(Level::Raid5, None)).expect("raid6 -> raid5");

@@ -1,8 +1,10 @@
 //! Helpers shared by the md_* integration tests: realistic superblocks, byte patching with a
 //! recomputed checksum, running the real `mdadm --examine` on an image file, and assembling
-//! devices from the superblocks on them.
+//! devices from the superblocks on them; arrays on memory members (`in_memory`).
 
 #![allow(dead_code)]
+
+pub mod in_memory;
 
 use std::path::Path;
 use std::process::Command;
