@@ -290,19 +290,15 @@ impl<M: Member + ?Sized> Admin<'_, M> {
             .unwrap_or(0)
     }
 
-    /// Records a new device in the superblocks (as md does, first as a spare). It sits among
-    /// the spares while its own superblock is written (the write needs to find it), and stays
-    /// there only if `keep_as_spare`. The caller holds the metadata lock.
+    /// Records a new device in the superblocks (as md does, first as a spare); it stays among
+    /// the spares only if `keep_as_spare`. The caller holds the metadata lock.
     async fn persist_new_device_locked(&self, device: &Device<M>, keep_as_spare: bool) -> Result<()> {
-        self.array.members.spares.lock().expect("spares lock").push(device.clone());
-        let added = self
-            .array
-            .try_persist_locked(StateChange::AddSpare { device: device.id, device_bytes: device.member.len_bytes() })
-            .await;
-        if added.is_err() || !keep_as_spare {
-            self.array.members.spares.lock().expect("spares lock").retain(|d| d.id != device.id);
+        let devices = std::slice::from_ref(device);
+        self.array.record_new_devices_locked(devices, None).await?;
+        if !keep_as_spare {
+            self.array.members.take_spares(devices);
         }
-        added
+        Ok(())
     }
 
     /// Whether every role is in sync.

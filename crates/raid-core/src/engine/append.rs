@@ -39,20 +39,10 @@ impl<M: Member + ?Sized> Array<M> {
         let grown = Geometry::new(Level::Linear, geometry.layout(), geometry.chunk_sectors(), &sectors)
             .map_err(|e| refused(format!("the grown array: {e}")))?;
         let new_roles: Vec<(usize, usize)> = devices.iter().enumerate().map(|(i, d)| (d.id, old_disks + i)).collect();
-        let ids: Vec<usize> = devices.iter().map(|d| d.id).collect();
-        // Listed among the spares while recorded: their superblock writes find them there.
-        self.members.spares.lock().expect("spares lock").extend(devices.iter().cloned());
-        let mut recorded = Ok(());
-        for d in &devices {
-            let add = StateChange::AddSpare { device: d.id, device_bytes: d.member.len_bytes() };
-            recorded = recorded.and(self.try_persist_locked(add).await);
-        }
-        if recorded.is_ok() {
-            recorded = self.try_persist_locked(StateChange::Append { raid_disks: new_disks, new_roles }).await;
-        }
-        self.members.spares.lock().expect("spares lock").retain(|d| !ids.contains(&d.id));
-        recorded?;
-        self.members.add_roles(devices);
+        self.record_new_devices_locked(&devices, Some(StateChange::Append { raid_disks: new_disks, new_roles }))
+            .await?;
+        let added = self.members.take_spares(&devices);
+        self.members.add_roles(added);
         self.shape.install(self.shape.next_shape(Arc::new(Layout::settled(grown)), None));
         drop(_g);
         drop(paused);

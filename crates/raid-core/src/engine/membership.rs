@@ -84,6 +84,15 @@ impl<M: Member + ?Sized> Membership<M> {
         device
     }
 
+    /// Takes `devices` out of the spares (to give them roles, or because they were not
+    /// recorded); the ones that were there.
+    pub(super) fn take_spares(&self, devices: &[Device<M>]) -> Vec<Device<M>> {
+        let mut spares = self.spares.lock().expect("spares lock");
+        let taken = devices.iter().filter_map(|d| spares.iter().find(|s| s.id == d.id).cloned()).collect();
+        spares.retain(|s| !devices.iter().any(|d| d.id == s.id));
+        taken
+    }
+
     /// Moves the data origin of every device (roles and spares) by `delta_bytes`. Only while no
     /// request runs (a paused shape): requests add it to every member address.
     pub(super) fn move_origins(&self, delta_bytes: i64) {
@@ -241,6 +250,34 @@ impl<M: Member + ?Sized> Array<M> {
             self.away_after_persist_locked().await;
         }
         Ok(())
+    }
+
+    /// Records `devices` (new to the array) in the superblocks, then `change` (which may give
+    /// them roles). Each is listed among the spares while recorded, so that its superblock
+    /// writes find it there, and stays there for the caller; after an error none stays.
+    /// The caller holds the metadata lock.
+    pub(super) async fn record_new_devices_locked(
+        &self,
+        devices: &[Device<M>],
+        change: Option<StateChange>,
+    ) -> Result<()> {
+        self.members.spares.lock().expect("spares lock").extend(devices.iter().cloned());
+        let mut recorded = Ok(());
+        for d in devices {
+            recorded = self
+                .try_persist_locked(StateChange::AddSpare { device: d.id, device_bytes: d.member.len_bytes() })
+                .await;
+            if recorded.is_err() {
+                break;
+            }
+        }
+        if let (Ok(()), Some(change)) = (&recorded, change) {
+            recorded = self.try_persist_locked(change).await;
+        }
+        if recorded.is_err() {
+            self.members.take_spares(devices);
+        }
+        recorded
     }
 
     /// Applies `change` to the store and writes the images (and, for members that fail

@@ -65,11 +65,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Why the array cannot start a grow now, if it cannot.
     fn check_growable(&self) -> Result<Geometry> {
         self.check_writable("grow")?;
-        let shape = self.shape.load();
-        if shape.reshape().is_some() {
-            return Err(refused("a reshape is already running: wait for it (raidnbd ctl wait)".into()));
-        }
-        let geometry = shape.layout().geometry().clone();
+        let geometry = self.settled_and_idle("grow")?;
         if !matches!(geometry.level(), Level::Raid4 | Level::Raid5 | Level::Raid6) {
             return Err(refused(format!(
                 "raidnbd grows raid4, raid5 and raid6 by members so far, not {}",
@@ -96,10 +92,6 @@ impl<M: Member + ?Sized> Array<M> {
         }
         if self.any_bad() {
             return Err(refused("a member has bad blocks: replace it before growing".into()));
-        }
-        let status = self.maintenance().status();
-        if status.resync_pending || status.current.is_some() {
-            return Err(refused("background work is running (resync, check or rebuild): grow when it is done".into()));
         }
         Ok(geometry)
     }
@@ -162,12 +154,7 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let headroom = have.min(MAX_HEADROOM_SECTORS).max(need) / chunk * chunk;
         let _g = self.locks.lock(META_LOCK_KEY).await;
-        let mut new_roles = Vec::with_capacity(devices.len());
-        for (i, device) in devices.iter().enumerate() {
-            // Listed among the spares while recorded: its superblock writes find it there.
-            self.members.spares.lock().expect("spares lock").push(device.clone());
-            new_roles.push((device.id, old_disks + i));
-        }
+        let new_roles = devices.iter().enumerate().map(|(i, d)| (d.id, old_disks + i)).collect();
         let start = StateChange::ReshapeStart {
             raid_disks: new_disks,
             new_roles,
@@ -176,20 +163,8 @@ impl<M: Member + ?Sized> Array<M> {
             offset_delta_sectors: -(headroom as i64),
             position_sectors: 0,
         };
-        let ids: Vec<usize> = devices.iter().map(|d| d.id).collect();
-        let mut recorded = Ok(());
-        for d in &devices {
-            let add = StateChange::AddSpare { device: d.id, device_bytes: d.member.len_bytes() };
-            recorded = recorded.and(self.try_persist_locked(add).await);
-        }
-        if recorded.is_ok() {
-            recorded = self.try_persist_locked(start).await;
-        }
+        self.record_new_devices_locked(&devices, Some(start)).await?;
         drop(_g);
-        if let Err(e) = recorded {
-            self.members.spares.lock().expect("spares lock").retain(|d| !ids.contains(&d.id));
-            return Err(e);
-        }
         tracing::info!(
             from = old_disks,
             to = new_disks,
@@ -201,12 +176,7 @@ impl<M: Member + ?Sized> Array<M> {
         // Every request waits while the devices' data origin moves to the new data start.
         let paused = self.shape.pause().await;
         self.members.move_origins(-((headroom * SECTOR_BYTES) as i64));
-        let added: Vec<Device<M>> = {
-            let mut spares = self.members.spares.lock().expect("spares lock");
-            let added = ids.iter().filter_map(|id| spares.iter().find(|d| d.id == *id).cloned()).collect();
-            spares.retain(|d| !ids.contains(&d.id));
-            added
-        };
+        let added = self.members.take_spares(&devices);
         self.members.add_roles(added);
         let reshape = Reshape {
             previous: Arc::new(Layout::new(geometry, headroom)),

@@ -21,8 +21,9 @@
 //!   sync.
 //!
 //! Refused as md refuses: linear and raid0 (they use whole members and grow by members),
-//! raid10 far layouts (their copies' places depend on the size), a read-only array, while a reshape or any background work runs; and, unlike md, while
-//! degraded (the new space could not be resynced) or building a replacement.
+//! raid10 far layouts (their copies' places depend on the size), a read-only array, while a
+//! reshape or any background work runs; and, unlike md, while degraded (the new space could
+//! not be resynced) or building a replacement.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -63,11 +64,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// Why the array cannot change its size now, if it cannot.
     fn check_resizable(&self) -> Result<Geometry> {
         self.check_writable("resize")?;
-        let shape = self.shape.load();
-        if shape.reshape().is_some() {
-            return Err(refused("a reshape is running: change the size when it ends (raidnbd ctl wait)".into()));
-        }
-        let geometry = shape.layout().geometry().clone();
+        let geometry = self.settled_and_idle("change the size")?;
         if matches!(geometry.level(), Level::Linear | Level::Raid0) {
             return Err(refused(format!(
                 "{} uses whole members and has no size of its own to change (as in md): grow it by members",
@@ -86,14 +83,6 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(refused(
                 "every member must be in sync, and no replacement built, to change the size (the new space is \
                  resynced from all of them)"
-                    .into(),
-            ));
-        }
-        let status = self.maintenance().status();
-        if status.resync_pending || status.current.is_some() {
-            return Err(refused(
-                "background work is running or due (resync, check or rebuild): change the size when it is done (an array \
-                 at rest: serve it until ctl status shows none)"
                     .into(),
             ));
         }

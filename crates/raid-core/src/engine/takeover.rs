@@ -177,21 +177,11 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let paused = self.shape.pause().await;
         let _g = self.locks.lock(META_LOCK_KEY).await;
-        let shape = self.shape.load();
-        if shape.reshape().is_some() {
-            return Err(refused("a reshape is running: change the level when it ends".into()));
-        }
-        let status = self.maintenance().status();
-        if status.resync_pending || status.current.is_some() {
-            return Err(refused(
-                "background work is running (resync, check or rebuild): change the level when it is done".into(),
-            ));
-        }
+        let geometry = self.settled_and_idle("change the level")?;
         let slots = self.members.slots();
         if slots.iter().any(|s| s.replacement().is_some() || s.state() == SlotState::Recovering) {
             return Err(refused("a member is being rebuilt or replaced: change the level when it is done".into()));
         }
-        let geometry = shape.layout().geometry().clone();
         let from = geometry.level();
         let plan = self.takeover_plan(&geometry, to)?;
         let disks = geometry.raid_disks();

@@ -27,6 +27,7 @@ use super::slot::SlotState;
 use super::{Array, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError, Result};
+use crate::geometry::Geometry;
 use crate::member::Member;
 
 /// What background work is (or was last) running.
@@ -326,6 +327,30 @@ impl<M: Member + ?Sized> Array<M> {
         let unit = sectors / self.resync_unit_sectors();
         self.maintenance.lock().resync_next_unit = Some(unit.min(self.scrub_units()));
         self.dirty.store(false, Ordering::Release);
+    }
+
+    /// The geometry of an array that may change shape now, or why `what` (a change of
+    /// shape: "grow", "change the size", ...) must wait: a reshape runs, or background work
+    /// runs or is due.
+    pub(crate) fn settled_and_idle(&self, what: &str) -> Result<Geometry> {
+        let shape = self.shape.load();
+        if shape.reshape().is_some() {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("a reshape is running: {what} when it ends (raidnbd ctl wait)"),
+            ));
+        }
+        let status = self.maintenance().status();
+        if status.resync_pending || status.current.is_some() {
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!(
+                    "background work is running or due (resync, check or rebuild): {what} when it is done (an array \
+                     at rest: serve it until ctl status shows none)"
+                ),
+            ));
+        }
+        Ok(shape.layout().geometry().clone())
     }
 
     /// The crash's resync is needless after all (a parity log replay made every stripe
