@@ -76,6 +76,15 @@ pub(crate) fn sigkill_rounds(
     served
 }
 
+/// Polls `ctl status` until no resync is pending, failing with `what` after `limit`.
+pub(crate) fn wait_resync_done(d: &Path, sock: &str, limit: Duration, what: &str) {
+    let deadline = Instant::now() + limit;
+    while status(d, sock)["resync_pending"] == true {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `mdadm --examine` of `member` as "Key : value" pairs.
 pub(crate) fn mdadm_examine(member: &Path) -> Vec<(String, String)> {
     let out = run_ok(Command::new("mdadm").arg("--examine").arg(member));
@@ -157,11 +166,7 @@ fn a_raid5_grows_online_through_sigkills_under_writes() {
     assert_eq!(size.trim(), new_size.to_string());
     run_ok(Command::new(PYTHON).arg(writer()).arg(served.uri("a")).arg(&log).arg("verify"));
     run_ok(&mut fio_region(&served.uri("a"), &["--verify_only"]));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while status(d, &sock)["resync_pending"] == true {
-        assert!(Instant::now() < deadline, "the resync after the kills did not end");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_resync_done(d, &sock, Duration::from_secs(120), "the resync after the kills did not end");
     served.stop();
     let check: Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &grown].concat()))).unwrap();
@@ -296,11 +301,7 @@ fn a_raid5_takes_the_room_its_members_grew_online_through_sigkills() {
         |s, round| assert_eq!(s["size_bytes"], new_size, "round {round}: the new size survives a SIGKILL"),
     );
     assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "100M", "200M"]));
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while status(d, &sock)["resync_pending"] == true {
-        assert!(Instant::now() < deadline, "the resync did not end");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_resync_done(d, &sock, Duration::from_secs(180), "the resync did not end");
     run_ok(Command::new(PYTHON).arg(writer()).arg(served.uri("a")).arg(&log).arg("verify"));
     run_ok(&mut fio_region(&served.uri("a"), &["--verify_only"]));
     let mut new_region = fio_region(&served.uri("a"), &["--verify_only"]);
@@ -370,11 +371,7 @@ fn an_array_at_rest_changes_its_size_and_refusals_say_why() {
     assert!((old_end + 1..bits).all(is_set), "the new space is dirty in the bitmap");
     let sock = d.join("c.sock").to_str().unwrap().to_string();
     let served = Served::start(d, "a", &["--control", &sock], &["m0", "m1"]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while status(d, &sock)["resync_pending"] == true {
-        assert!(Instant::now() < deadline, "the resync of the new space did not end");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_resync_done(d, &sock, Duration::from_secs(60), "the resync of the new space did not end");
     run_ok(Command::new("nbdcopy").arg(served.uri("a")).arg(d.join("back")));
     served.stop();
     let back = std::fs::read(d.join("back")).unwrap();
@@ -412,11 +409,7 @@ fn a_write_back_export_grows_online_but_shrinks_only_at_rest() {
     served.stop();
     assert_user_error(&raidnbd(d, &["grow", "--size", "16M", "m0", "m1"]), "background work");
     let served = Served::start(d, "a", &["--control", &sock], &["m0", "m1"]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while status(d, &sock)["resync_pending"] == true {
-        assert!(Instant::now() < deadline, "the resync of the new space did not end");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_resync_done(d, &sock, Duration::from_secs(60), "the resync of the new space did not end");
     served.stop();
     let out = assert_ok(&raidnbd(d, &["grow", "--size", "16M", "m0", "m1"]));
     assert!(out.contains("shrank"), "{out}");

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::grow::{field, fio_region, mdadm_examine, sigkill_rounds, status, writer};
+use crate::grow::{field, fio_region, mdadm_examine, sigkill_rounds, status, wait_resync_done, writer};
 use crate::util::*;
 
 /// raid5 -> raid6 with Q rebuilt onto a new member, ten SIGKILLs during the rebuild under a
@@ -175,11 +175,7 @@ fn a_raid5_changes_its_layout_and_chunk_online_through_sigkills() {
     assert_eq!((s["layout"].as_str(), s["reshape"].is_null()), (Some("32K chunk, right-asymmetric"), true), "{s:#}");
     run_ok(Command::new(PYTHON).arg(writer()).arg(served.uri("a")).arg(&log).arg("verify"));
     run_ok(&mut fio_region(&served.uri("a"), &["--verify_only"]));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while status(d, &sock)["resync_pending"] == true {
-        assert!(std::time::Instant::now() < deadline, "the resync after the kills did not end");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    wait_resync_done(d, &sock, std::time::Duration::from_secs(120), "the resync after the kills did not end");
     served.stop();
     let check: Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
