@@ -86,6 +86,7 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
             serde_json::to_string_pretty(&json!({
                 "array": name,
                 "checked_bytes": total.scrubbed_bytes,
+                "hole_bytes": total.hole_bytes,
                 "mismatch_cnt": total.mismatch_sectors,
                 "located_sectors": total.located_sectors,
                 "mismatches": mismatches_json(&array, &array.maintenance().mismatches()),
@@ -111,9 +112,10 @@ pub async fn run(args: CheckArgs) -> Result<bool> {
             );
         }
         println!(
-            "{} {name}: {} checked in {secs:.1}s, mismatch_cnt {} sectors{}",
+            "{} {name}: {} checked in {secs:.1}s ({} of it holes on every member, not read), mismatch_cnt {} sectors{}",
             if args.repair { "repaired" } else { "checked" },
             human_bytes(total.scrubbed_bytes),
+            human_bytes(total.hole_bytes),
             total.mismatch_sectors,
             if args.repair { format!(", {} sectors rewritten", total.repaired_sectors) } else { String::new() }
         );

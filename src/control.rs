@@ -309,6 +309,7 @@ fn status(export: &ControlledExport) -> Value {
                 "from_bitmap": t.from_bitmap,
                 "dirty_chunks": t.dirty_chunks,
                 "copied_bytes": t.copied_bytes,
+                "hole_bytes": t.hole_bytes,
             })
         })
     };
@@ -325,6 +326,7 @@ fn status(export: &ControlledExport) -> Value {
                 "member": uri,
                 "state": state.name(),
                 "reason": state.reason(),
+                "framing": l.framing(),
                 "disconnects": LinkStats::get(&l.disconnects),
                 "reconnects": LinkStats::get(&l.reconnects),
                 "timeouts": LinkStats::get(&l.timeouts),
@@ -395,6 +397,8 @@ fn status(export: &ControlledExport) -> Value {
             "kind": w.name(),
             "mismatch_cnt": c.mismatch_sectors,
             "located_sectors": c.located_sectors,
+            "checked_bytes": c.scrubbed_bytes,
+            "hole_bytes": c.hole_bytes,
         })),
         "mismatches": crate::check::mismatches_json(array, &array.maintenance().mismatches()),
         "speed_limits": {

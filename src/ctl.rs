@@ -208,20 +208,28 @@ fn mdstat(exports: &Value) -> Option<String> {
                 if a["persisted"] == json!(true) { "" } else { " (in memory only)" }
             ));
         }
-        if let Some(t) = e["last_recovery"].as_object().filter(|t| t["from_bitmap"] == json!(true)) {
-            out.push_str(&format!(
-                "      last re-add of role {}: {} chunks written while away, {} copied\n",
-                t["role"],
-                t["dirty_chunks"],
-                human_bytes(t["copied_bytes"].as_u64().unwrap_or(0))
-            ));
+        if let Some(t) = e["last_recovery"].as_object() {
+            let copied = human_bytes(t["copied_bytes"].as_u64().unwrap_or(0));
+            let holes = human_bytes(t["hole_bytes"].as_u64().unwrap_or(0));
+            if t["from_bitmap"] == json!(true) {
+                out.push_str(&format!(
+                    "      last re-add of role {}: {} chunks written while away, {copied} copied, {holes} left holes\n",
+                    t["role"], t["dirty_chunks"],
+                ));
+            } else {
+                out.push_str(&format!(
+                    "      last recovery of role {}: {copied} copied, {holes} holes on every source left holes\n",
+                    t["role"]
+                ));
+            }
         }
         for l in e["links"].as_array().into_iter().flatten() {
             out.push_str(&format!(
-                "      link {}: {}{} ({} lost, {} reconnects, {} timeouts, {} retries)\n",
+                "      link {}: {}{}{} ({} lost, {} reconnects, {} timeouts, {} retries)\n",
                 l["member"].as_str()?,
                 l["state"].as_str()?,
                 l["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default(),
+                l["framing"].as_str().map(|f| format!(", {f} framing")).unwrap_or_default(),
                 l["disconnects"],
                 l["reconnects"],
                 l["timeouts"],

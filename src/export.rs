@@ -12,6 +12,12 @@
 //! can take in place (members that are files in memory, linear or raid0:
 //! `Array::write_in_place`) are received by the server straight into those mappings.
 //!
+//! Allocation: BLOCK_STATUS answers the volume's `base:allocation` (holes and zeros from
+//! the members through the geometry), so copies of a sparse array stay sparse. FAST_ZERO
+//! is advertised and honoured where zeroing writes no data (`Volume::zeroes_fast`: whole
+//! stripes, members that zero in place); elsewhere it fails at once with ENOTSUP, as the
+//! spec asks, and the client writes the zeros itself.
+//!
 //! The device serves one [`Volume`]: the array itself, or with `serve --cache writeback`
 //! the array's one shared write cache (one per array, so a FLUSH on any connection covers
 //! writes made on all of them and multi-conn stays safe), which offers no in-place paths.
@@ -29,7 +35,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use nbd_server::FileMappings;
 use nbd_server::device::{
-    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, FileRange, ReadChunk,
+    BlockDevice, DeviceError, DeviceErrorKind, DeviceFuture, DeviceInfo, DeviceResult, Extent, FileRange, ReadChunk,
     SEND_FILE_MIN_BYTES, WriteTarget, ZeroFlags,
 };
 use raid_core::engine::MAX_IO_BYTES;
@@ -56,8 +62,8 @@ impl ArrayDevice {
     ) -> Self {
         let info = DeviceInfo {
             read_only,
-            can_fast_zero: false,
-            can_cache: false,
+            can_fast_zero: true,
+            can_cache: true,
             min_block_bytes: logical_block_bytes,
             preferred_block_bytes: preferred_block_bytes(geometry.optimal_io_bytes(), geometry.chunk_sectors())
                 .max(logical_block_bytes),
@@ -171,13 +177,49 @@ impl BlockDevice for ArrayDevice {
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
         Box::pin(async move {
-            if flags.fast_zero {
-                return Err(DeviceError::new(DeviceErrorKind::NotSupported, "fast zeroing is not supported"));
+            if flags.fast_zero && !(is_aligned(offset, len) && self.volume.zeroes_fast(offset, len)) {
+                return Err(DeviceError::new(
+                    DeviceErrorKind::NotSupported,
+                    "zeroing this range would write data (a partial stripe, or members that cannot zero in place)",
+                ));
             }
             if !is_aligned(offset, len) {
                 return self.write_zeroes_bytes(offset, len, flags).await;
             }
             self.volume.write_zeroes(offset, len, !flags.no_hole, flags.fua).await.map_err(to_device_error)
+        })
+    }
+
+    /// Read-ahead on the members holding the range (whole sectors around it).
+    fn cache(&self, offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<()>> {
+        Box::pin(async move {
+            let start = offset / SECTOR_BYTES * SECTOR_BYTES;
+            let end = (offset + len).next_multiple_of(SECTOR_BYTES);
+            self.volume.cache(start, end - start).await.map_err(to_device_error)
+        })
+    }
+
+    /// The volume's `base:allocation` (holes and zeros from the members, through the
+    /// geometry), asked for the whole sectors around the range; a partial edge sector takes
+    /// the state of its sector.
+    fn block_status(&self, offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<Extent>>> {
+        Box::pin(async move {
+            let start = offset / SECTOR_BYTES * SECTOR_BYTES;
+            let end = (offset + len).next_multiple_of(SECTOR_BYTES);
+            let status = self.volume.block_status(start, end - start).await.map_err(to_device_error)?;
+            let (mut skip, mut left) = (offset - start, len);
+            let mut extents = Vec::with_capacity(status.len());
+            for a in status {
+                let head = skip.min(a.len_bytes);
+                skip -= head;
+                let n = (a.len_bytes - head).min(left);
+                if n == 0 {
+                    continue;
+                }
+                extents.push(Extent { len_bytes: n, hole: a.hole, zero: a.zero });
+                left -= n;
+            }
+            Ok(extents)
         })
     }
 }

@@ -6,7 +6,8 @@
 //! - tells systemd the arrays' state (`STATUS=`, shown by `systemctl status`).
 //!
 //! Polling keeps the engine free of callbacks into the binary; a state that comes and goes
-//! between two polls (a rebuild shorter than the interval) may be reported only by its end.
+//! between two polls is reported by what changed: a role that was failed or empty and is in
+//! sync at the next look was rebuilt meanwhile (RebuildStarted, SpareActive, RebuildFinished).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -101,7 +102,13 @@ fn events(before: Option<&Snapshot>, now: &Snapshot) -> Vec<Event> {
         for _ in old.failures..role.failures {
             out.push(("Fail", role.last_failed.clone()));
         }
-        if role.state == SlotState::InSync && old.state == SlotState::Recovering {
+        if role.state == SlotState::InSync && matches!(old.state, SlotState::Faulty | SlotState::Missing) {
+            // Rebuilt between two looks (the rebuild of a sparse member can take less than
+            // an interval): all of it happened, so all of it is told.
+            out.push(("RebuildStarted", role.name.clone()));
+            out.push(("SpareActive", role.name.clone()));
+            out.push(("RebuildFinished", role.name.clone()));
+        } else if role.state == SlotState::InSync && old.state == SlotState::Recovering {
             out.push(("SpareActive", role.name.clone()));
         } else if role.state == SlotState::InSync && old.name.is_some() && role.name != old.name {
             out.push(("SpareActive", role.name.clone())); // a replacement took the role over
@@ -257,6 +264,15 @@ mod tests {
         assert_eq!(
             events(Some(&rebuilding), &done),
             vec![("SpareActive", Some("c".into())), ("RebuildFinished", Some("c".into()))]
+        );
+        // A rebuild that began and ended between two looks is told whole.
+        assert_eq!(
+            events(Some(&failed), &done),
+            vec![
+                ("RebuildStarted", Some("c".into())),
+                ("SpareActive", Some("c".into())),
+                ("RebuildFinished", Some("c".into()))
+            ]
         );
         assert_eq!(rebuilding.describe("raid1"), "raid1 degraded, recovery 0%");
         assert_eq!(done.describe("raid1"), "raid1 clean");

@@ -18,7 +18,7 @@ fn workload(dir: &Path, uri: &str, args: &[&str]) {
     run_ok(Command::new(PYTHON).arg(script).arg(uri).arg(&state).args(args));
 }
 
-fn ctl(dir: &Path, socket: &Path, args: &[&str]) -> String {
+pub(crate) fn ctl(dir: &Path, socket: &Path, args: &[&str]) -> String {
     let mut full = vec!["ctl", "--socket", socket.to_str().unwrap()];
     full.extend_from_slice(args);
     assert_ok(&raidnbd(dir, &full))
@@ -29,8 +29,9 @@ fn status(dir: &Path, socket: &Path) -> Value {
     serde_json::from_str::<Value>(&text).expect("status json")[0].clone()
 }
 
-fn wait_for(dir: &Path, socket: &Path, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
+/// Polls `ctl status` until `done` holds (for at most 5 minutes); returns that status.
+pub(crate) fn wait_for(dir: &Path, socket: &Path, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let s = status(dir, socket);
         if done(&s) {
@@ -41,7 +42,7 @@ fn wait_for(dir: &Path, socket: &Path, what: &str, done: impl Fn(&Value) -> bool
     }
 }
 
-fn all_in_sync(s: &Value) -> bool {
+pub(crate) fn all_in_sync(s: &Value) -> bool {
     s["roles"].as_array().unwrap().iter().all(|r| r["state"] == "in_sync") && s["work"].is_null()
 }
 

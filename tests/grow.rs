@@ -20,6 +20,16 @@ pub(crate) fn status(d: &Path, sock: &str) -> Value {
     serde_json::from_str::<Value>(&out).unwrap()[0].clone()
 }
 
+/// Grows the file `member` from `from` to `to` bytes, the new space holding old bytes (a
+/// volume grown onto reused extents), so that its resync has work to do (new space that is
+/// a hole on every member needs none and is skipped at once).
+pub(crate) fn grow_with_old_bytes(member: &Path, from: u64, to: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().write(true).open(member).unwrap();
+    let old: Vec<u8> = (0..to - from).map(|i| (i.wrapping_mul(0x9e37_79b9) >> 11) as u8 | 1).collect();
+    file.write_all_at(&old, from).unwrap();
+}
+
 /// A fio job with verify over the region `[64 MiB, 80 MiB)` (the crash writer uses the first
 /// 64 MiB): `args` add to it (`--do_verify=1` writes and verifies, `--verify_only` checks).
 pub(crate) fn fio_region(uri: &str, args: &[&str]) -> Command {
@@ -277,7 +287,7 @@ fn a_raid5_takes_the_room_its_members_grew_online_through_sigkills() {
     let out = assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--size", "max"]));
     assert!(out.contains("keeps its size"), "{out}");
     for m in members {
-        std::fs::OpenOptions::new().write(true).open(d.join(m)).unwrap().set_len(96 << 20).unwrap();
+        grow_with_old_bytes(&d.join(m), 48 << 20, 96 << 20);
     }
     let out = assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--size", "max"]));
     assert!(out.contains("grew"), "{out}");
@@ -394,10 +404,12 @@ fn a_write_back_export_grows_online_but_shrinks_only_at_rest() {
     let d = dir.path();
     assert_ok(&raidnbd(d, &["create", "--level", "1", "--size", "32M", "m0", "m1"]));
     for m in ["m0", "m1"] {
-        std::fs::OpenOptions::new().write(true).open(d.join(m)).unwrap().set_len(48 << 20).unwrap();
+        grow_with_old_bytes(&d.join(m), 32 << 20, 48 << 20);
     }
     let sock = d.join("c.sock").to_str().unwrap().to_string();
     let served = Served::start(d, "a", &["--cache", "writeback", "--control", &sock], &["m0", "m1"]);
+    // The resync of the new space is still running when the server stops below.
+    assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "1M", "1M"]));
     let before = status(d, &sock)["size_bytes"].as_u64().unwrap();
     assert_user_error(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--size", "16M"]), "write-back cache");
     assert_eq!(status(d, &sock)["size_bytes"], before, "nothing changed");

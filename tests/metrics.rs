@@ -360,6 +360,8 @@ fn raid5_metrics_follow_client_io_member_failure_and_rebuild() {
     // Degraded arrays keep their write-intent bits: the writes above left some set.
     assert!(failed.get("raidnbd_array_bitmap_dirty_chunks", &ex) >= 1.0);
 
+    // Data everywhere (a rebuild copies what its sources hold, and leaves holes holes).
+    qemu_io(&uri, &[&format!("write -P 0x6b 0 {}", 3 * (31u64 << 20))]);
     // A spare rebuilds slowly: the job and its progress show, then the array is whole again.
     ctl(d, &socket, &["rebuild-speed", "1M", "1M"]);
     ctl(d, &socket, &["add", &path("spare")]);

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use crate::util::*;
 
 /// Peer servers, killed on drop.
-struct Peers {
-    children: Vec<Child>,
+pub(crate) struct Peers {
+    pub(crate) children: Vec<Child>,
 }
 
 impl Drop for Peers {
@@ -172,6 +172,16 @@ fn remote_array(level: &str) {
     let timeout = MEMBER_TIMEOUT_SECS.to_string();
     let extra = ["--member-timeout", &timeout, "--control", control.to_str().unwrap()];
     let served = Served::start(d, "net", &extra, &members);
+    // The member client negotiates what each peer has: extended headers with qemu-nbd 8.2+
+    // (qemu 10 here), structured replies with nbdkit (1.32, Debian 12's).
+    let status = ctl_status(d, &control);
+    let framing = |uri: &str| {
+        let links = status["links"].as_array().unwrap();
+        links.iter().find(|l| l["member"] == uri).map_or(serde_json::Value::Null, |l| l["framing"].clone())
+    };
+    let qemu = if crate::serve_clients::qemu_version() >= (8, 2) { "extended" } else { "structured" };
+    assert_eq!(framing(members[4]), qemu, "{level}: the qemu-nbd member: {status:#}");
+    assert_eq!(framing(members[0]), "structured", "{level}: an nbdkit member: {status:#}");
     let payload: Vec<u8> = (0..24u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 9) as u8).collect();
     std::fs::write(d.join("payload"), &payload).unwrap();
     run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("net")).arg("--flush"));
@@ -315,7 +325,7 @@ fn nbdkit_memory(socket: &Path, size: &str) -> Child {
 }
 
 /// `nbdkit file FILE` on 127.0.0.1:`port`.
-fn nbdkit_file(file: &Path, port: u16) -> Child {
+pub(crate) fn nbdkit_file(file: &Path, port: u16) -> Child {
     nbdkit_file_with(file, port, &[], &[])
 }
 
@@ -334,7 +344,7 @@ fn nbdkit_file_with(file: &Path, port: u16, filters: &[&str], params: &[&str]) -
 }
 
 /// A new sparse file of `bytes` in `d`, and a free port to serve it on.
-fn new_file(d: &Path, name: &str, bytes: u64) -> (PathBuf, u16) {
+pub(crate) fn new_file(d: &Path, name: &str, bytes: u64) -> (PathBuf, u16) {
     let file = d.join(name);
     std::fs::File::create(&file).unwrap().set_len(bytes).unwrap();
     (file, free_port())

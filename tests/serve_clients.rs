@@ -102,7 +102,7 @@ fn raid5_serves_real_clients_and_survives_a_missing_member() {
 }
 
 /// qemu's version as (major, minor), from `qemu-io --version`.
-fn qemu_version() -> (u32, u32) {
+pub(crate) fn qemu_version() -> (u32, u32) {
     let out = run_ok(Command::new("qemu-io").arg("--version"));
     let version = out.split_whitespace().nth(2).unwrap_or_default();
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));

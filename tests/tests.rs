@@ -20,5 +20,6 @@ mod remote_members;
 mod restart;
 mod serve_clients;
 mod service;
+mod sparse;
 mod tls;
 mod write_cache;

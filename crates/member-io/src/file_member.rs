@@ -17,6 +17,10 @@
 //!   fallocate zeroes through the block layer (write-zeroes / zero pages), like BLKZEROOUT.
 //! - Read-only members fail writes, discards and zeroing with EROFS.
 //! - A member whose file is unlinked while open keeps working (the fd pins the inode).
+//! - `allocation`: the file's holes (`file_allocation.rs`); block devices are all data.
+//! - `cache`: `posix_fadvise(WILLNEED)` on buffered members, nothing with O_DIRECT.
+//! - `zeroes_fast`: regular files, unless neither ZERO_RANGE nor PUNCH_HOLE works there
+//!   (block devices may write zeros, so they say no).
 //! - `memory_file`: a buffered regular file on tmpfs/ramfs hands out its `File` (the same
 //!   `Arc` every time) for in-place reads (any engine; in range, and only while the file
 //!   still holds the range); `memory_file_for_write` likewise for in-place writes, unless the
@@ -31,6 +35,7 @@ use raid_core::member::{BufResult, IoFuture, check_range};
 use raid_core::{AlignedBuf, Member};
 
 use crate::error::Result;
+use crate::file_allocation::file_allocation;
 use crate::file_ops::FileOps;
 use crate::inline::InlineOps;
 use crate::member_file::{FileRef, MemberFile, open_member_file};
@@ -316,8 +321,46 @@ macro_rules! file_member_type {
             fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
                 Box::pin(self.inner.write_zeroes(offset_bytes, len_bytes))
             }
+            fn cache(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+                let file = &self.inner.file;
+                let answer = check_range(file.name(), file.len_bytes(), offset_bytes, len_bytes).and_then(|()| {
+                    if file.is_direct() { Ok(()) } else { read_ahead(file.as_file(), offset_bytes, len_bytes) }
+                });
+                Box::pin(std::future::ready(answer))
+            }
+            fn zeroes_fast(&self) -> bool {
+                let file = &self.inner.file;
+                !file.is_block_device()
+                    && !(file.zero_range_unsupported.load(Ordering::Relaxed)
+                        && file.punch_hole_unsupported.load(Ordering::Relaxed))
+            }
+            fn allocation(
+                &self,
+                offset_bytes: u64,
+                len_bytes: u64,
+            ) -> IoFuture<'_, io::Result<Vec<raid_core::Allocation>>> {
+                let file = &self.inner.file;
+                let answer = check_range(file.name(), file.len_bytes(), offset_bytes, len_bytes)
+                    .and_then(|()| file_allocation(file.as_file(), offset_bytes, len_bytes));
+                Box::pin(std::future::ready(answer))
+            }
         }
     };
+}
+
+/// `posix_fadvise(WILLNEED)`: the kernel starts reading the range into the page cache and
+/// returns (CACHE on a buffered member; O_DIRECT members bypass the page cache, so for them
+/// the hint means nothing).
+fn read_ahead(file: &std::fs::File, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(at), Ok(n)) = (libc::off_t::try_from(offset_bytes), libc::off_t::try_from(len_bytes)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    // SAFETY: a plain syscall on a descriptor we borrow; no memory of ours is involved.
+    match unsafe { libc::posix_fadvise(file.as_raw_fd(), at, n, libc::POSIX_FADV_WILLNEED) } {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
 }
 
 /// The member's file, if it is a buffered file in memory that still holds the range.

@@ -28,6 +28,7 @@ mod dio_align;
 mod error;
 mod factory;
 mod fault;
+mod file_allocation;
 mod file_member;
 mod file_ops;
 mod inline;

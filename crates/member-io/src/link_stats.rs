@@ -131,6 +131,9 @@ pub struct LinkStats {
     pub log_lines_suppressed: AtomicU64,
     state: Mutex<LinkState>,
     last_error: Mutex<Option<LinkError>>,
+    /// How the last connection frames requests and replies ("simple", "structured",
+    /// "extended"), once one was made.
+    framing: Mutex<Option<&'static str>>,
 }
 
 impl Default for LinkStats {
@@ -144,6 +147,7 @@ impl Default for LinkStats {
             log_lines_suppressed: AtomicU64::new(0),
             state: Mutex::new(LinkState::Lost("never connected".into())),
             last_error: Mutex::new(None),
+            framing: Mutex::new(None),
         }
     }
 }
@@ -151,6 +155,15 @@ impl Default for LinkStats {
 impl LinkStats {
     pub fn state(&self) -> LinkState {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// How the last connection frames requests and replies, once one was made.
+    pub fn framing(&self) -> Option<&'static str> {
+        *self.framing.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn set_framing(&self, framing: &'static str) {
+        *self.framing.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(framing);
     }
 
     pub(crate) fn set_state(&self, state: LinkState) {

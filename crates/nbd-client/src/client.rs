@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use nbd_server::protocol::client_codec::encode_request_header;
+use nbd_server::protocol::client_codec::encode_request;
 use nbd_server::protocol::consts::{cmd, cmd_flags, tflags};
+use nbd_server::protocol::framing::Framing;
 use nbd_server::protocol::request::RequestHeader;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -29,7 +30,7 @@ use crate::error::{ClientError, Result};
 use crate::handshake::{ExportDetails, greet, negotiate, start_tls};
 use crate::replies::read_replies;
 use crate::shared::{Closed, Shared};
-use crate::waiter::Waiter;
+use crate::waiter::{Answer, Expect, Waiter};
 
 /// Limits of one connection.
 #[derive(Debug, Clone)]
@@ -64,7 +65,7 @@ where
         return handshake_tls(stream, address, name).await;
     }
     greet(&mut stream, name).await?;
-    let details = negotiate(&mut stream, &address.export, name, true).await?;
+    let details = negotiate(&mut stream, &address.export, name, Framing::Extended).await?;
     let (r, w) = split(stream);
     Ok((details, r, w))
 }
@@ -78,7 +79,7 @@ where
     greet(&mut stream, name).await?;
     start_tls(&mut stream, name).await?;
     let mut tls = crate::tls::connect(settings, stream, name).await?;
-    let details = negotiate(&mut tls, &address.export, name, true).await?;
+    let details = negotiate(&mut tls, &address.export, name, Framing::Extended).await?;
     let (r, w) = tokio::io::split(tls);
     Ok((details, Box::new(r), Box::new(w)))
 }
@@ -132,7 +133,7 @@ impl Client {
             })??;
         let max_in_flight_bytes = config.max_in_flight_bytes.max(details.max_payload_bytes as usize);
         let shared = Arc::new(Shared::new(name));
-        let reader = tokio::spawn(read_replies(reader, shared.clone(), details.structured_replies));
+        let reader = tokio::spawn(read_replies(reader, shared.clone(), details.framing));
         Ok(Self {
             details,
             shared,
@@ -165,8 +166,23 @@ impl Client {
 
     /// Reads `len` bytes at `offset`.
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
-        let data = self.request(cmd::READ, 0, offset, len, None).await?;
-        Ok(data.expect("a READ answers with data"))
+        match self.request(cmd::READ, 0, offset, len, None).await? {
+            Answer::Data(data) => Ok(data),
+            other => unreachable!("a READ answers with data, not {other:?}"),
+        }
+    }
+
+    /// `base:allocation` of `len` bytes at `offset`: (length, NBD_STATE_* flags) extents from
+    /// `offset` on, at least one, covering at most `len` (the server may answer less). Only
+    /// when the export took the context ([`ExportDetails::allocation_context`]).
+    pub async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<(u32, u32)>> {
+        if self.details.allocation_context.is_none() {
+            return Err(self.invalid("the export has no base:allocation context".into()));
+        }
+        match self.request(cmd::BLOCK_STATUS, 0, offset, len, None).await? {
+            Answer::Status(extents) => Ok(extents),
+            other => unreachable!("a BLOCK_STATUS answers with extents, not {other:?}"),
+        }
     }
 
     /// Writes `data` at `offset`; with `fua`, durable when answered.
@@ -193,6 +209,14 @@ impl Client {
         self.request(cmd::TRIM, flags, offset, len, None).await.map(drop)
     }
 
+    /// Asks the server to read a range ahead (NBD_CMD_CACHE, a hint).
+    pub async fn cache(&self, offset: u64, len: u32) -> Result<()> {
+        if !self.details.can(tflags::SEND_CACHE) {
+            return Err(self.invalid("the export has no CACHE".into()));
+        }
+        self.request(cmd::CACHE, 0, offset, len, None).await.map(drop)
+    }
+
     /// Zeroes a range; `may_deallocate` lets the server punch a hole.
     pub async fn write_zeroes(&self, offset: u64, len: u32, may_deallocate: bool, fua: bool) -> Result<()> {
         if !self.details.can(tflags::SEND_WRITE_ZEROES) {
@@ -208,9 +232,10 @@ impl Client {
     /// Says goodbye (NBD_CMD_DISC) and closes the write side.
     pub async fn disconnect(&self) -> Result<()> {
         let header = RequestHeader { flags: 0, command: cmd::DISC, cookie: 0, offset: 0, length: 0 };
+        let (raw, n) = encode_request(&header, self.details.framing);
         let mut writer = self.writer.lock().await;
         let sent = async {
-            writer.write_all(&encode_request_header(&header)).await?;
+            writer.write_all(&raw[..n]).await?;
             writer.shutdown().await
         };
         sent.await.map_err(|source| ClientError::Io { address: self.shared.address.clone(), source })
@@ -228,14 +253,7 @@ impl Client {
         ClientError::Invalid { address: self.shared.address.clone(), what }
     }
 
-    async fn request(
-        &self,
-        command: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: Option<Bytes>,
-    ) -> Result<Option<Vec<u8>>> {
+    async fn request(&self, command: u16, flags: u16, offset: u64, len: u32, payload: Option<Bytes>) -> Result<Answer> {
         let d = &self.details;
         let name = command_name(command);
         let end = offset.checked_add(u64::from(len));
@@ -266,16 +284,22 @@ impl Client {
             }
             let cookie = w.next_cookie;
             w.next_cookie += 1;
-            w.by_cookie.insert(cookie, Waiter::new(name, offset, len, command == cmd::READ, tx, Some(permit)));
+            let expect = match (command, d.allocation_context) {
+                (cmd::READ, _) => Expect::Data,
+                (cmd::BLOCK_STATUS, Some(context)) => Expect::Status(context),
+                _ => Expect::Nothing,
+            };
+            w.by_cookie.insert(cookie, Waiter::new(name, offset, len, expect, tx, Some(permit)));
             cookie
         };
         let header = RequestHeader { flags, command, cookie, offset, length: len.into() };
+        let (raw, n) = encode_request(&header, d.framing);
         // Written by its own task: a dropped caller never leaves half a request on the wire.
         let (writer, shared) = (self.writer.clone(), self.shared.clone());
         let send = tokio::spawn(async move {
             let mut writer = writer.lock().await;
             let written = async {
-                writer.write_all(&encode_request_header(&header)).await?;
+                writer.write_all(&raw[..n]).await?;
                 if let Some(data) = &payload {
                     writer.write_all(data).await?;
                 }
@@ -302,6 +326,8 @@ pub(crate) fn command_name(command: u16) -> &'static str {
         cmd::FLUSH => "FLUSH",
         cmd::TRIM => "TRIM",
         cmd::WRITE_ZEROES => "WRITE_ZEROES",
+        cmd::BLOCK_STATUS => "BLOCK_STATUS",
+        cmd::CACHE => "CACHE",
         _ => "request",
     }
 }

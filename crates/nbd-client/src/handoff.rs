@@ -6,6 +6,7 @@
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
+use nbd_server::protocol::framing::Framing;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
@@ -59,5 +60,5 @@ pub async fn handoff(address: &ExportAddress, timeout: Duration) -> Result<Hando
 /// Greeting and negotiation with simple replies.
 async fn simple<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, export: &str, name: &str) -> Result<ExportDetails> {
     greet(stream, name).await?;
-    negotiate(stream, export, name, false).await
+    negotiate(stream, export, name, Framing::Simple).await
 }

@@ -1,13 +1,15 @@
-//! The client's handshake: fixed newstyle, structured replies if the server has them, then
-//! GO with the block sizes asked for. Every length the server sends is bounded before it is
+//! The client's handshake: fixed newstyle, extended headers or structured replies and the
+//! `base:allocation` meta context if the server has them, then GO with the block sizes asked
+//! for. Every length the server sends is bounded before it is
 //! read (an option reply over [`MAX_OPTION_REPLY_BYTES`] is a violation).
 
 use bytes::BytesMut;
 use nbd_server::protocol::client_codec::{
-    ExportInfo, decode_greeting, decode_info, decode_option_reply_header, encode_client_flags, go_option_data,
-    put_option,
+    ExportInfo, decode_greeting, decode_info, decode_meta_context_reply, decode_option_reply_header,
+    encode_client_flags, go_option_data, meta_context_option_data, put_option,
 };
 use nbd_server::protocol::consts::{info, opt, rep, tflags};
+use nbd_server::protocol::framing::Framing;
 use nbd_server::protocol::handshake_codec::{ClientFlags, GREETING_LEN, OPTION_REPLY_HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -15,6 +17,12 @@ use crate::error::{ClientError, Result};
 
 /// Longest option reply accepted (the spec caps strings at 4 KiB).
 const MAX_OPTION_REPLY_BYTES: u32 = 64 * 1024;
+
+/// The meta context asked for: holes and zeros.
+const BASE_ALLOCATION: &str = "base:allocation";
+
+/// META_CONTEXT replies accepted for the one context asked for (a server may not send more).
+const MAX_META_CONTEXT_REPLIES: usize = 4;
 
 /// What the server said about the export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +34,12 @@ pub struct ExportDetails {
     pub preferred_block_bytes: u32,
     /// The largest READ/WRITE payload (32 MiB, the spec's default, when not sent).
     pub max_payload_bytes: u32,
-    pub structured_replies: bool,
+    /// How requests and replies are framed on the connection: extended headers where the
+    /// server has them and they were wanted, else structured replies, else simple ones.
+    pub framing: Framing,
+    /// The id the server gave the `base:allocation` meta context, when it took it (asked for
+    /// with structured replies): BLOCK_STATUS can then be sent.
+    pub allocation_context: Option<u32>,
 }
 
 impl ExportDetails {
@@ -100,41 +113,60 @@ where
     Ok(())
 }
 
-/// Negotiates `export` (after [`greet`], and TLS if asked): structured replies when
-/// `want_structured_replies` (the kernel's driver speaks only simple ones), then GO.
-pub(crate) async fn negotiate<S>(
-    stream: &mut S,
-    export: &str,
-    address: &str,
-    want_structured_replies: bool,
-) -> Result<ExportDetails>
+/// Negotiates `export` (after [`greet`], and TLS if asked) up to the framing `want`:
+/// extended headers (asked for alone first: once they are on, STRUCTURED_REPLY must not be
+/// sent), else structured replies, with the `base:allocation` context; simple replies only
+/// for the kernel's driver, which speaks nothing else. Then GO.
+pub(crate) async fn negotiate<S>(stream: &mut S, export: &str, address: &str, want: Framing) -> Result<ExportDetails>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let io = |source| ClientError::Io { address: address.to_string(), source };
     let protocol = |what: String| ClientError::Protocol { address: address.to_string(), what };
+    let mut framing = Framing::Simple;
+    if want.extended() {
+        let mut out = BytesMut::new();
+        put_option(&mut out, opt::EXTENDED_HEADERS, &[]);
+        stream.write_all(&out).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
+        if acked(stream, address, opt::EXTENDED_HEADERS).await? {
+            framing = Framing::Extended;
+        }
+    }
+    let ask_structured = want.structured() && !framing.extended();
     let mut out = BytesMut::new();
-    if want_structured_replies {
+    if ask_structured {
         put_option(&mut out, opt::STRUCTURED_REPLY, &[]);
+    }
+    if want.structured() {
+        put_option(&mut out, opt::SET_META_CONTEXT, &meta_context_option_data(export, &[BASE_ALLOCATION]));
     }
     put_option(&mut out, opt::GO, &go_option_data(export, &[info::BLOCK_SIZE]));
     stream.write_all(&out).await.map_err(io)?;
     stream.flush().await.map_err(io)?;
+    if ask_structured && acked(stream, address, opt::STRUCTURED_REPLY).await? {
+        framing = Framing::Structured;
+    }
 
-    // STRUCTURED_REPLY: ACK, or an error (then replies are simple).
-    let mut structured_replies = false;
-    if want_structured_replies {
-        let (header, data) = option_reply(stream, address).await?;
-        if header.option != opt::STRUCTURED_REPLY {
-            return Err(protocol(format!("reply to option {} where STRUCTURED_REPLY's was due", header.option)));
-        }
-        structured_replies = header.reply_type == rep::ACK;
-        if !structured_replies && !header.is_error() {
-            return Err(protocol(format!(
-                "STRUCTURED_REPLY answered with {:#x} ({} bytes)",
-                header.reply_type,
-                data.len()
-            )));
+    // SET_META_CONTEXT: the contexts the server took, then ACK; or an error (then none).
+    let mut allocation_context = None;
+    if want.structured() {
+        for replies in 0.. {
+            let (header, data) = option_reply(stream, address).await?;
+            if header.option != opt::SET_META_CONTEXT {
+                return Err(protocol(format!("reply to option {} where SET_META_CONTEXT's was due", header.option)));
+            }
+            match header.reply_type {
+                rep::ACK => break,
+                _ if header.is_error() => break,
+                rep::META_CONTEXT if replies < MAX_META_CONTEXT_REPLIES => {
+                    let (id, name) = decode_meta_context_reply(&data).map_err(|e| protocol(e.to_string()))?;
+                    if name == BASE_ALLOCATION && framing.structured() {
+                        allocation_context = Some(id);
+                    }
+                }
+                other => return Err(protocol(format!("unexpected SET_META_CONTEXT reply type {other:#x}"))),
+            }
         }
     }
 
@@ -180,8 +212,23 @@ where
         min_block_bytes: min,
         preferred_block_bytes: preferred,
         max_payload_bytes: max,
-        structured_replies,
+        framing,
+        allocation_context,
     })
+}
+
+/// The reply to an option that is answered with ACK or an error (STRUCTURED_REPLY,
+/// EXTENDED_HEADERS): whether it was ACKed.
+async fn acked<S: AsyncRead + Unpin>(stream: &mut S, address: &str, option: u32) -> Result<bool> {
+    let protocol = |what: String| ClientError::Protocol { address: address.to_string(), what };
+    let (header, data) = option_reply(stream, address).await?;
+    if header.option != option {
+        return Err(protocol(format!("reply to option {} where {option}'s was due", header.option)));
+    }
+    if header.reply_type != rep::ACK && !header.is_error() {
+        return Err(protocol(format!("option {option} answered with {:#x} ({} bytes)", header.reply_type, data.len())));
+    }
+    Ok(header.reply_type == rep::ACK)
 }
 
 /// One option reply: header and (bounded) data.

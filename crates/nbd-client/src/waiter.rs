@@ -15,8 +15,29 @@ use crate::error::{ClientError, Result};
 /// A READ's data so far, and the ranges of it received (relative to the request).
 pub(crate) type ReadSoFar = (Vec<u8>, Vec<(u32, u32)>);
 
-/// What a request's waiter receives: a READ's data, `None` for other commands.
-pub(crate) type ReplyResult = Result<Option<Vec<u8>>>;
+/// What a request's waiter receives.
+pub(crate) type ReplyResult = Result<Answer>;
+
+/// A successful reply: a READ's data, a BLOCK_STATUS's extents, or just "done".
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Done,
+    Data(Vec<u8>),
+    /// (length, NBD_STATE_* flags) from the request's offset on.
+    Status(Vec<(u32, u32)>),
+}
+
+/// What a request expects besides "done".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expect {
+    Nothing,
+    Data,
+    /// One BLOCK_STATUS chunk for this meta context id.
+    Status(u32),
+}
+
+/// A BLOCK_STATUS's answer so far: its context id and the extents once received.
+pub(crate) type StatusSoFar = (u32, Option<Vec<(u32, u32)>>);
 
 /// A request waiting for its reply.
 pub(crate) struct Waiter {
@@ -25,6 +46,8 @@ pub(crate) struct Waiter {
     pub(crate) len: u32,
     /// A READ's data so far; `None` for other commands.
     pub(crate) read: Option<ReadSoFar>,
+    /// A BLOCK_STATUS's extents; `None` for other commands.
+    pub(crate) status: Option<StatusSoFar>,
     /// The first error the server sent for it (errno, message).
     pub(crate) error: Option<(u32, String)>,
     tx: oneshot::Sender<ReplyResult>,
@@ -39,12 +62,16 @@ impl Waiter {
         command: &'static str,
         offset: u64,
         len: u32,
-        is_read: bool,
+        expect: Expect,
         tx: oneshot::Sender<ReplyResult>,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Self {
-        let read = is_read.then(|| (vec![0u8; len as usize], Vec::new()));
-        Self { command, offset, len, read, error: None, tx, _permit: permit }
+        let read = (expect == Expect::Data).then(|| (vec![0u8; len as usize], Vec::new()));
+        let status = match expect {
+            Expect::Status(context) => Some((context, None)),
+            _ => None,
+        };
+        Self { command, offset, len, read, status, error: None, tx, _permit: permit }
     }
 
     pub(crate) fn fail(self, e: ClientError) {
@@ -69,6 +96,11 @@ impl Waiter {
 
     /// A violation if the reply is complete but a READ is not covered exactly.
     pub(crate) fn check_complete(&self) -> std::result::Result<(), Violation> {
+        if let Some((_, None)) = &self.status
+            && self.error.is_none()
+        {
+            return Err(format!("BLOCK_STATUS at {}+{} answered without extents", self.offset, self.len));
+        }
         let Some((_, ranges)) = &self.read else { return Ok(()) };
         let covered: u64 = ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
         if self.error.is_none() && covered != u64::from(self.len) {
@@ -79,8 +111,8 @@ impl Waiter {
 
     /// Answers the request (after [`check_complete`](Self::check_complete)).
     pub(crate) fn finish(self, address: &str) {
-        let result = match (self.error, self.read) {
-            (Some((errno, message)), _) => Err(ClientError::Errno {
+        let result = match (self.error, self.read, self.status) {
+            (Some((errno, message)), _, _) => Err(ClientError::Errno {
                 address: address.to_string(),
                 command: self.command,
                 offset: self.offset,
@@ -88,8 +120,9 @@ impl Waiter {
                 errno,
                 message,
             }),
-            (None, Some((data, _))) => Ok(Some(data)),
-            (None, None) => Ok(None),
+            (None, Some((data, _)), _) => Ok(Answer::Data(data)),
+            (None, None, Some((_, Some(extents)))) => Ok(Answer::Status(extents)),
+            (None, None, _) => Ok(Answer::Done),
         };
         let _ = self.tx.send(result);
     }

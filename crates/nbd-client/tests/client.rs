@@ -11,6 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures::future::join_all;
 use nbd_client::{Client, ClientConfig, ClientError, ExportAddress};
 use nbd_server::protocol::consts::{STRUCTURED_REPLY_MAGIC, opt, rep, reply_flags, reply_type, tflags};
+use nbd_server::protocol::framing::Framing;
 use nbd_server::protocol::handshake_codec::{
     OPTION_HEADER_LEN, decode_option_header, encode_greeting, info_export_data, put_option_reply,
 };
@@ -122,6 +123,20 @@ async fn exercise(client: &Client, seed: u64) {
         model[1 << 20..(1 << 20) + 4096].copy_from_slice(&back);
     }
     assert!(client.read(0, size as u32).await.unwrap() == model, "whole export");
+    // Block status, where the server took base:allocation: in order, at least one extent,
+    // and every zero it claims reads as zero.
+    if client.details().allocation_context.is_some() {
+        let mut at = 0u64;
+        while at < size {
+            let extents = client.block_status(at, (size - at) as u32).await.expect("block status");
+            assert!(!extents.is_empty());
+            for (n, flags) in extents {
+                let range = &model[at as usize..(at + u64::from(n)) as usize];
+                assert!(flags & 2 == 0 || range.iter().all(|&b| b == 0), "zero claimed over data at {at}+{n}");
+                at += u64::from(n);
+            }
+        }
+    }
     // What the export cannot take fails that request only.
     assert!(matches!(client.read(size - 512, 1024).await, Err(ClientError::Invalid { .. })));
     assert!(matches!(client.read(0, client.details().max_payload_bytes + 512).await, Err(ClientError::Invalid { .. })));
@@ -134,7 +149,8 @@ async fn talks_to_nbdkit_memory() {
     let client = Client::connect(&unix_address(&peer, ""), &ClientConfig::default()).await.expect("connect");
     let d = *client.details();
     assert_eq!(d.size_bytes, 16 << 20);
-    assert!(d.structured_replies && d.can(tflags::SEND_FLUSH) && d.can(tflags::SEND_FUA));
+    assert!(d.framing.structured() && d.can(tflags::SEND_FLUSH) && d.can(tflags::SEND_FUA));
+    assert!(d.allocation_context.is_some(), "nbdkit takes base:allocation");
     exercise(&client, 1).await;
     client.disconnect().await.unwrap();
 }
@@ -152,9 +168,10 @@ async fn a_handoff_speaks_simple_replies() {
     let address = unix_address(&peer, "");
     let client = Client::connect(&address, &ClientConfig::default()).await.expect("connect");
     client.write(4096, Bytes::from(vec![0x5a; 4096]), true).await.unwrap();
-    assert!(client.details().structured_replies, "nbdkit offers structured replies");
+    assert!(client.details().framing.structured(), "nbdkit offers structured replies");
     let handoff = nbd_client::handoff(&address, Duration::from_secs(10)).await.expect("handoff");
-    assert!(!handoff.details.structured_replies);
+    assert_eq!(handoff.details.framing, Framing::Simple);
+    assert_eq!(handoff.details.allocation_context, None, "no meta context without structured replies");
     assert_eq!(handoff.details.size_bytes, 1 << 20);
     let mut socket = std::os::unix::net::UnixStream::from(handoff.socket);
     let read = RequestHeader { flags: 0, command: cmd::READ, cookie: 0xfeed, offset: 4096, length: 4096 };
@@ -192,6 +209,11 @@ async fn talks_to_qemu_nbd() {
     let peer = Peer { child, _dir: dir, socket };
     let client = Client::connect(&unix_address(&peer, "disk"), &ClientConfig::default()).await.expect("connect");
     assert_eq!(client.details().size_bytes, 8 << 20);
+    // qemu-nbd speaks extended headers since 8.2 (qemu 10 from bookworm-backports here).
+    let version = String::from_utf8(Command::new("qemu-nbd").arg("--version").output().unwrap().stdout).unwrap();
+    let (major, minor) = qemu_version(&version);
+    let expected = if (major, minor) >= (8, 2) { Framing::Extended } else { Framing::Structured };
+    assert_eq!(client.details().framing, expected, "qemu-nbd {major}.{minor}");
     exercise(&client, 2).await;
 }
 
@@ -204,6 +226,7 @@ async fn talks_to_this_projects_server_over_tcp() {
     tokio::spawn(async move { server.serve(listener, std::future::pending()).await });
     let address = ExportAddress::parse(&format!("nbd://127.0.0.1:{port}/m")).unwrap();
     let client = Client::connect(&address, &ClientConfig::default()).await.expect("connect");
+    assert_eq!(client.details().framing, Framing::Extended, "this project's server has extended headers");
     exercise(&client, 3).await;
     // An export that does not exist is refused by name.
     let missing = ExportAddress::parse(&format!("nbd://127.0.0.1:{port}/nope")).unwrap();
@@ -232,6 +255,13 @@ async fn a_server_that_dies_fails_the_requests_in_flight() {
     assert!(matches!(client.read(0, 512).await, Err(ClientError::ConnectionLost { .. })), "later requests fail too");
 }
 
+/// (major, minor) of `qemu-nbd --version`'s first line ("qemu-nbd 10.0.2 (...)").
+fn qemu_version(text: &str) -> (u32, u32) {
+    let version = text.split_whitespace().nth(1).expect("a version");
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().expect("a number"));
+    (parts.next().unwrap(), parts.next().unwrap())
+}
+
 /// A server that negotiates properly, then answers the first READ with `reply(cookie, offset, len)`.
 async fn hostile(reply: fn(u64, u64, u32) -> Vec<u8>) -> Result<Vec<u8>, ClientError> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -241,19 +271,31 @@ async fn hostile(reply: fn(u64, u64, u32) -> Vec<u8>) -> Result<Vec<u8>, ClientE
         s.write_all(&encode_greeting()).await.unwrap();
         let mut flags = [0u8; 4];
         s.read_exact(&mut flags).await.unwrap();
-        for _ in 0..2 {
+        // Structured replies (no extended headers, no meta context), then GO.
+        loop {
             let mut h = [0u8; OPTION_HEADER_LEN];
             s.read_exact(&mut h).await.unwrap();
             let h = decode_option_header(&h).unwrap().unwrap();
             let mut data = vec![0u8; h.data_len as usize];
             s.read_exact(&mut data).await.unwrap();
             let mut out = BytesMut::new();
-            if h.code == opt::GO {
-                let flags = tflags::HAS_FLAGS | tflags::SEND_FLUSH;
-                put_option_reply(&mut out, opt::GO, rep::INFO, &info_export_data(1 << 20, flags));
+            match h.code {
+                opt::GO => {
+                    let flags = tflags::HAS_FLAGS | tflags::SEND_FLUSH;
+                    put_option_reply(&mut out, opt::GO, rep::INFO, &info_export_data(1 << 20, flags));
+                }
+                opt::EXTENDED_HEADERS | opt::SET_META_CONTEXT => {
+                    put_option_reply(&mut out, h.code, rep::ERR_UNSUP, &[])
+                }
+                _ => {}
             }
-            put_option_reply(&mut out, h.code, rep::ACK, &[]);
+            if h.code != opt::EXTENDED_HEADERS && h.code != opt::SET_META_CONTEXT {
+                put_option_reply(&mut out, h.code, rep::ACK, &[]);
+            }
             s.write_all(&out).await.unwrap();
+            if h.code == opt::GO {
+                break;
+            }
         }
         let mut h = [0u8; REQUEST_HEADER_LEN];
         s.read_exact(&mut h).await.unwrap();

@@ -265,8 +265,11 @@ fn seek_data_or_hole(file: &File, from: u64, whence: libc::c_int) -> io::Result<
     Ok(Some(r as u64))
 }
 
-/// Allocation map of `offset..offset+len` from SEEK_DATA/SEEK_HOLE.
-fn extents_of(file: &File, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+/// Allocation map of `offset..offset+len` of `file` from SEEK_DATA/SEEK_HOLE: holes (read as
+/// zero) and data, at most 1024 extents (they may cover less than `len`). Errors as lseek's
+/// (EINVAL and the like where a file system cannot seek holes). Also used for RAID members
+/// that are files (member-io).
+pub fn extents_of(file: &File, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
     let end = offset + len;
     let mut extents = Vec::new();
     let mut pos = offset;

@@ -92,6 +92,7 @@ pub async fn run_all(m: Arc<dyn Member>, in_flight: InFlight) {
     discard_reads_zero(&*m).await;
     write_zeroes_reads_zero(&*m).await;
     past_end_is_error(&*m).await;
+    allocation_is_truthful(&*m).await;
     concurrent_io(&m).await;
     cancellation_safety(&m, &in_flight).await;
 }
@@ -232,6 +233,46 @@ pub async fn discard_reads_zero(m: &dyn Member) {
 
 pub async fn write_zeroes_reads_zero(m: &dyn Member) {
     zeroing_check(m, false).await;
+}
+
+/// `allocation` answers in order from the offset, covers at least one byte and no more than
+/// asked, and every `zero` (holes included) it claims reads as zeros: over data, a discarded
+/// range and untouched space. Past the end it fails like I/O.
+pub async fn allocation_is_truthful(m: &dyn Member) {
+    // Over what the zeroing checks left (data with zeroed and discarded pieces), plus a new
+    // write with a discard in it.
+    let base: u64 = 6 << 20;
+    let len: u64 = 2 << 20;
+    write(m, base + (1 << 20), &pattern(17, 512 << 10), false).await.unwrap();
+    m.discard(base + (1 << 20) + (128 << 10), 128 << 10).await.unwrap();
+    let content = read(m, base, len as usize).await.unwrap();
+    let mut at = 0u64;
+    while at < len {
+        let extents = m.allocation(base + at, len - at).await.unwrap();
+        let covered: u64 = extents.iter().map(|e| e.len_bytes).sum();
+        assert!(
+            covered > 0 && covered <= len - at,
+            "{}: allocation covers 1..={} bytes, not {covered}",
+            m.name(),
+            len - at
+        );
+        for e in &extents {
+            assert!(e.len_bytes > 0, "{}: an empty extent", m.name());
+            if e.zero || e.hole {
+                let bytes = &content[at as usize..(at + e.len_bytes) as usize];
+                assert!(
+                    bytes.iter().all(|&b| b == 0),
+                    "{}: {} claimed zero at {}+{}",
+                    m.name(),
+                    if e.hole { "a hole" } else { "zero" },
+                    base + at,
+                    e.len_bytes
+                );
+            }
+            at += e.len_bytes;
+        }
+    }
+    assert!(m.allocation(m.len_bytes(), 4096).await.is_err(), "{}: allocation past the end", m.name());
 }
 
 /// Anything beyond the end fails (and offset overflow does not wrap).

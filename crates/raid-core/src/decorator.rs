@@ -14,6 +14,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::allocation::Allocation;
 use crate::buf::AlignedBuf;
 use crate::member::{BufResult, IoFuture, Member};
 
@@ -203,6 +204,20 @@ impl<M: Member, D: Decoration> Member for Decorated<M, D> {
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
         let op = MemberOp { kind: OpKind::WriteZeroes, offset_bytes, len_bytes };
         self.run(op, move || self.inner.write_zeroes(offset_bytes, len_bytes))
+    }
+
+    fn cache(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        self.inner.cache(offset_bytes, len_bytes)
+    }
+
+    fn zeroes_fast(&self) -> bool {
+        self.inner.zeroes_fast()
+    }
+
+    /// Passed on ungated: it reads no data, so a throttle need not pace it nor a fault
+    /// injector fail it.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<Vec<Allocation>>> {
+        self.inner.allocation(offset_bytes, len_bytes)
     }
 
     fn retire(&self, why: &str) {

@@ -24,6 +24,7 @@
 //! binary drives [`engine::Array`]; nothing here knows about NBD. Inside, `engine` implements
 //! `volume`, which uses `read_data`, which uses neither.
 
+pub mod allocation;
 pub mod bad_ranges;
 pub mod buf;
 #[cfg(feature = "testing")]
@@ -41,6 +42,7 @@ pub mod read_data;
 pub mod volume;
 pub mod write_cache;
 
+pub use allocation::Allocation;
 pub use buf::AlignedBuf;
 pub use error::{ErrorKind, RaidError};
 pub use member::{Member, MemoryMember};

@@ -33,6 +33,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+use crate::allocation::{Allocation, push_merged};
 use crate::buf::AlignedBuf;
 
 /// A boxed, sendable future returned by member operations.
@@ -105,6 +106,32 @@ pub trait Member: Send + Sync {
     /// Zeroes the range, keeping it allocated.
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>>;
 
+    /// A hint that `[offset_bytes, +len_bytes)` will be read soon (NBD's CACHE): a file
+    /// reads it ahead into the page cache, an NBD member passes the hint on. Nothing by
+    /// default; a hint never fails the member.
+    fn cache(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        let _ = (offset_bytes, len_bytes);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Whether `discard` and `write_zeroes` change only what is allocated (a file's
+    /// `fallocate`), never write zeros as data: NBD's FAST_ZERO is honoured only over
+    /// members that say so. `false` by default.
+    fn zeroes_fast(&self) -> bool {
+        false
+    }
+
+    /// How `[offset_bytes, offset_bytes + len_bytes)` is stored: extents in order from
+    /// `offset_bytes`, covering at least one byte of the range and none past it (the caller
+    /// asks again for the rest), `hole`/`zero` only where known to hold (a file's holes, an
+    /// NBD export's `base:allocation`); past the end an error, as for I/O. The default, one
+    /// extent of allocated data, is always true.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<Vec<Allocation>>> {
+        let answer = check_range(self.name(), self.len_bytes(), offset_bytes, len_bytes)
+            .map(|()| vec![Allocation::data(len_bytes)]);
+        Box::pin(std::future::ready(answer))
+    }
+
     /// The array no longer uses this member (`why`: it failed, or was removed): let go of
     /// what it holds open for I/O (a remote member's connections). No I/O follows. Nothing
     /// by default.
@@ -149,6 +176,15 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     }
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
         (**self).write_zeroes(offset_bytes, len_bytes)
+    }
+    fn cache(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        (**self).cache(offset_bytes, len_bytes)
+    }
+    fn zeroes_fast(&self) -> bool {
+        (**self).zeroes_fast()
+    }
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<Vec<Allocation>>> {
+        (**self).allocation(offset_bytes, len_bytes)
     }
     fn retire(&self, why: &str) {
         (**self).retire(why)
@@ -256,4 +292,27 @@ impl Member for MemoryMember {
         });
         Box::pin(std::future::ready(res))
     }
+
+    /// Blocks of [`MEMORY_HOLE_BYTES`] that are all zeros are holes, as in a sparse file.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<Vec<Allocation>>> {
+        let res = self.range(offset_bytes, len_bytes).map(|r| {
+            let data = self.data.lock().expect("memory member lock");
+            let mut extents = Vec::new();
+            let mut at = r.start;
+            while at < r.end {
+                let block_end = ((at / MEMORY_HOLE_BYTES + 1) * MEMORY_HOLE_BYTES).min(r.end);
+                let block_start = at - at % MEMORY_HOLE_BYTES;
+                let block = &data[block_start..(block_start + MEMORY_HOLE_BYTES).min(data.len())];
+                let len = (block_end - at) as u64;
+                let extent = if block.iter().all(|&b| b == 0) { Allocation::hole(len) } else { Allocation::data(len) };
+                push_merged(&mut extents, extent);
+                at = block_end;
+            }
+            extents
+        });
+        Box::pin(std::future::ready(res))
+    }
 }
+
+/// The block size in which a [`MemoryMember`] reports holes (a file system's block).
+pub const MEMORY_HOLE_BYTES: usize = 4096;

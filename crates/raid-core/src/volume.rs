@@ -17,6 +17,7 @@
 //! - Byte-granular writes are optional: a volume that [`writes_bytes`](Volume::writes_bytes)
 //!   takes [`write_bytes`](Volume::write_bytes) at any offset and length, patching partial
 //!   sectors atomically (an array: under its write locks); the default refuses.
+//! - `block_status` (NBD's `base:allocation`) is optional: the default says "data" everywhere.
 //! - The in-place paths are optional: a volume that can name the member-file pages holding a
 //!   range (members that are files in memory) returns them; the default is `None`, and the
 //!   caller then uses `read` / `write`.
@@ -24,6 +25,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::allocation::Allocation;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::read_data::{FileExtent, ReadData};
 
@@ -64,6 +66,28 @@ pub trait Volume: Send + Sync {
     fn write_bytes<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
         let _ = (offset_bytes, data, fua);
         Box::pin(std::future::ready(Err(RaidError::new(ErrorKind::Refused, "byte-granular writes are not supported"))))
+    }
+
+    /// A hint that `[offset_bytes, +len_bytes)` will be read soon (NBD's CACHE); nothing by
+    /// default.
+    fn cache(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, ()> {
+        let _ = (offset_bytes, len_bytes);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Whether zeroing `[offset_bytes, +len_bytes)` writes no data (NBD's FAST_ZERO: a
+    /// client asks so that it can fall back to writing itself). `false` by default.
+    fn zeroes_fast(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        let _ = (offset_bytes, len_bytes);
+        false
+    }
+
+    /// `base:allocation` from `offset_bytes` (sector aligned): extents in order, covering at
+    /// least one sector and at most `len_bytes`, `hole`/`zero` only where they hold for
+    /// every write that completed before the call. The default, all data, is always true.
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Allocation>> {
+        let _ = offset_bytes;
+        Box::pin(std::future::ready(Ok(vec![Allocation::data(len_bytes)])))
     }
 
     /// The member-file ranges holding `[offset_bytes, +len_bytes)`, to be read in place.

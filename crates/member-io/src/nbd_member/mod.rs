@@ -11,6 +11,9 @@
 //! another's writes, and a FLUSH on one covers what completed on all), requests go round N
 //! connections; without CAN_MULTI_CONN one is used (with a warning).
 //!
+//! Holes: `allocation` asks the export's `base:allocation` (negotiated with structured
+//! replies), so a sparse remote member keeps rebuilds and copies of the array sparse.
+//!
 //! Every wait is bounded. Opening the member (connect, TLS, option haggling, the identity
 //! read, more connections) must finish within the member timeout; so must every request.
 //! A network blip is not a failed member: a request whose connection drops, that gets no
@@ -39,8 +42,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use nbd_client::{Client, ClientConfig, ClientError, ExportAddress};
-use raid_core::AlignedBuf;
+use nbd_server::protocol::consts::{state, tflags};
 use raid_core::member::{BufResult, IoFuture, Member, check_range};
+use raid_core::{AlignedBuf, Allocation};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -125,6 +129,7 @@ impl NbdMember {
         let error = match opened {
             Ok(Ok(member)) => {
                 let member = Self { link, ..member };
+                member.link.set_framing(member.lock().clients[0].details().framing.name());
                 member.link.set_state(LinkState::Connected);
                 return Ok(member);
             }
@@ -164,6 +169,8 @@ impl NbdMember {
             min_block = d.min_block_bytes,
             max_payload = d.max_payload_bytes,
             read_only = d.read_only(),
+            framing = d.framing.name(),
+            base_allocation = d.allocation_context.is_some(),
             "NBD member connected"
         );
         let identity = Identity::new(read_identity(&client, d.size_bytes).await?);
@@ -415,6 +422,7 @@ impl NbdMember {
                 return Err(io::Error::other(format!("{}: {}", self.name, c.failed.clone().unwrap_or_default())));
             }
             // Requests still waiting on the old connections are re-sent on the new.
+            self.link.set_framing(clients[0].details().framing.name());
             c.clients = clients;
             c.generation += 1;
             c.acked_writes = 0;
@@ -633,6 +641,57 @@ impl Member for NbdMember {
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
         Box::pin(self.zero(offset_bytes, len_bytes, true))
+    }
+
+    /// CACHE passed on to an export that offers it (up to 4 GiB of it); nothing otherwise.
+    fn cache(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(async move {
+            self.check(offset_bytes, len_bytes)?;
+            let align = self.alignment as u64;
+            let n = len_bytes.min(u64::from(u32::MAX)) / align * align;
+            if n == 0 || !offset_bytes.is_multiple_of(align) {
+                return Ok(());
+            }
+            self.run(|client| async move {
+                if !client.details().can(tflags::SEND_CACHE) {
+                    return Ok(());
+                }
+                client.cache(offset_bytes, n as u32).await
+            })
+            .await
+        })
+    }
+
+    /// The export's own `base:allocation` (nbdkit, qemu-nbd and raidnbd answer it), in one
+    /// BLOCK_STATUS of up to 4 GiB; all data from an export without the context.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<Vec<Allocation>>> {
+        Box::pin(async move {
+            self.check(offset_bytes, len_bytes)?;
+            let align = self.alignment as u64;
+            let n = len_bytes.min(u64::from(u32::MAX)) / align * align;
+            if n == 0 || !offset_bytes.is_multiple_of(align) {
+                return Ok(vec![Allocation::data(len_bytes)]);
+            }
+            let answer = self
+                .run(|client| async move {
+                    if client.details().allocation_context.is_none() {
+                        return Ok(None);
+                    }
+                    client.block_status(offset_bytes, n as u32).await.map(Some)
+                })
+                .await?;
+            Ok(match answer {
+                None => vec![Allocation::data(len_bytes)],
+                Some(extents) => extents
+                    .into_iter()
+                    .map(|(len, flags)| Allocation {
+                        len_bytes: u64::from(len),
+                        hole: flags & state::HOLE != 0,
+                        zero: flags & state::ZERO != 0,
+                    })
+                    .collect(),
+            })
+        })
     }
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {

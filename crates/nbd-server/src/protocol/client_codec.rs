@@ -5,8 +5,9 @@
 //! ```text
 //!  handshake:    decode_greeting ─▶ encode_client_flags ─▶ put_option (STRUCTURED_REPLY,
 //!                GO: go_option_data) ─▶ decode_option_reply_header + decode_info ... ACK
-//!  transmission: encode_request_header (+ payload) ─▶ decode_simple_reply / decode_chunk_header
-//!                (reply.rs) ─▶ decode_offset_data / decode_offset_hole / decode_error_chunk
+//!  transmission: encode_request (+ payload) ─▶ decode_simple_reply / decode_chunk_header /
+//!                decode_extended_chunk_header (reply.rs) ─▶ decode_offset_data /
+//!                decode_offset_hole / decode_error_chunk / decode_block_descriptor
 //! ```
 //!
 //! Decoders follow the server's check-then-parse rules: `Ok(None)` when more bytes are
@@ -14,9 +15,12 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::consts::{IHAVEOPT, NBDMAGIC, OPTION_REPLY_MAGIC, REQUEST_MAGIC, client_flags, handshake_flags, info};
+use super::consts::{
+    EXTENDED_REQUEST_MAGIC, IHAVEOPT, NBDMAGIC, OPTION_REPLY_MAGIC, REQUEST_MAGIC, client_flags, handshake_flags, info,
+};
+use super::framing::Framing;
 use super::handshake_codec::{ClientFlags, GREETING_LEN, OPTION_REPLY_HEADER_LEN};
-use super::request::{REQUEST_HEADER_LEN, RequestHeader};
+use super::request::{EXTENDED_REQUEST_HEADER_LEN, REQUEST_HEADER_LEN, RequestHeader};
 use crate::error::{Error, Result};
 
 /// What the server's greeting offers.
@@ -74,6 +78,27 @@ pub fn go_option_data(export_name: &str, info_requests: &[u16]) -> Vec<u8> {
         data.extend_from_slice(&code.to_be_bytes());
     }
     data
+}
+
+/// The data of NBD_OPT_SET_META_CONTEXT / LIST_META_CONTEXT: the export name and the
+/// context names asked for.
+pub fn meta_context_option_data(export_name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(8 + export_name.len() + queries.iter().map(|q| 4 + q.len()).sum::<usize>());
+    data.extend_from_slice(&(export_name.len() as u32).to_be_bytes());
+    data.extend_from_slice(export_name.as_bytes());
+    data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for query in queries {
+        data.extend_from_slice(&(query.len() as u32).to_be_bytes());
+        data.extend_from_slice(query.as_bytes());
+    }
+    data
+}
+
+/// An NBD_REP_META_CONTEXT reply's data: (context id, context name).
+pub fn decode_meta_context_reply(data: &[u8]) -> Result<(u32, String)> {
+    let id = data.first_chunk::<4>().ok_or_else(|| Error::protocol("META_CONTEXT reply shorter than its id"))?;
+    let name = std::str::from_utf8(&data[4..]).map_err(|_| Error::protocol("META_CONTEXT name is not UTF-8"))?;
+    Ok((u32::from_be_bytes(*id), name.to_string()))
 }
 
 /// A decoded option reply header.
@@ -164,6 +189,24 @@ pub fn encode_request_header(header: &RequestHeader) -> [u8; REQUEST_HEADER_LEN]
     out
 }
 
+/// A request header as `framing` puts it on the wire: 28 bytes (compact; the length must
+/// fit 32 bits) or 32 (extended headers: 64-bit length); the buffer and how much is used.
+pub fn encode_request(header: &RequestHeader, framing: Framing) -> ([u8; EXTENDED_REQUEST_HEADER_LEN], usize) {
+    let mut out = [0u8; EXTENDED_REQUEST_HEADER_LEN];
+    if !framing.extended() {
+        debug_assert!(header.length <= u64::from(u32::MAX), "compact requests are 32-bit");
+        out[..REQUEST_HEADER_LEN].copy_from_slice(&encode_request_header(header));
+        return (out, REQUEST_HEADER_LEN);
+    }
+    out[0..4].copy_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
+    out[4..6].copy_from_slice(&header.flags.to_be_bytes());
+    out[6..8].copy_from_slice(&header.command.to_be_bytes());
+    out[8..16].copy_from_slice(&header.cookie.to_be_bytes());
+    out[16..24].copy_from_slice(&header.offset.to_be_bytes());
+    out[24..32].copy_from_slice(&header.length.to_be_bytes());
+    (out, EXTENDED_REQUEST_HEADER_LEN)
+}
+
 /// The offset that starts an NBD_REPLY_TYPE_OFFSET_DATA chunk's payload (the data follows).
 pub fn decode_offset_data(payload: &[u8]) -> Result<u64> {
     payload
@@ -179,6 +222,28 @@ pub fn decode_offset_hole(payload: &[u8]) -> Result<(u64, u32)> {
         .filter(|_| payload.len() == 12)
         .ok_or_else(|| Error::protocol("OFFSET_HOLE chunk of the wrong size"))?;
     Ok((u64::from_be_bytes(raw[..8].try_into().expect("8 bytes")), u32::from_be_bytes(raw[8..].try_into().expect("4"))))
+}
+
+/// One descriptor of an NBD_REPLY_TYPE_BLOCK_STATUS chunk (after its 4-byte context id):
+/// (length, status flags).
+pub const BLOCK_DESCRIPTOR_LEN: usize = 8;
+/// One descriptor of an NBD_REPLY_TYPE_BLOCK_STATUS_EXT chunk (after its context id and
+/// descriptor count): 64-bit length and status.
+pub const BLOCK_DESCRIPTOR_EXT_LEN: usize = 16;
+
+/// Decodes one BLOCK_STATUS or BLOCK_STATUS_EXT descriptor (told apart by its length) into
+/// (length, status); `None` for another length.
+pub fn decode_block_descriptor(raw: &[u8]) -> Option<(u64, u64)> {
+    match raw.len() {
+        BLOCK_DESCRIPTOR_LEN => Some((
+            u64::from(u32::from_be_bytes(raw[..4].try_into().ok()?)),
+            u64::from(u32::from_be_bytes(raw[4..].try_into().ok()?)),
+        )),
+        BLOCK_DESCRIPTOR_EXT_LEN => {
+            Some((u64::from_be_bytes(raw[..8].try_into().ok()?), u64::from_be_bytes(raw[8..].try_into().ok()?)))
+        }
+        _ => None,
+    }
 }
 
 /// An error chunk's payload: (errno, message, offset for ERROR_OFFSET).

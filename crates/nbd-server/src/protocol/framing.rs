@@ -26,6 +26,15 @@ impl Framing {
         self == Framing::Extended
     }
 
+    /// Lower-case name, as in logs and status.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framing::Simple => "simple",
+            Framing::Structured => "structured",
+            Framing::Extended => "extended",
+        }
+    }
+
     /// Bytes of one request header.
     pub fn request_header_len(self) -> usize {
         if self.extended() { 32 } else { 28 }

@@ -37,6 +37,7 @@ mod admin;
 mod append;
 mod away;
 mod bad_blocks;
+mod block_status;
 mod builder;
 mod gather;
 mod intent;
@@ -89,6 +90,7 @@ pub use write_hole::{
 pub use crate::read_data::{FileExtent, ReadData, Segment};
 
 use crate::SECTOR_BYTES;
+use crate::allocation::Allocation;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::Geometry;
 use crate::member::Member;
@@ -98,6 +100,9 @@ use shape::{Part, Parts, ShapeCell};
 
 /// Largest READ/WRITE the engine accepts in one call (the NBD kernel client's maximum).
 pub const MAX_IO_BYTES: usize = 32 << 20;
+
+/// Array bytes one CACHE hint reads ahead at most (a hint: the rest is not worth a wait).
+pub const MAX_CACHE_BYTES: u64 = 256 << 20;
 
 /// Lock key reserved for serialising superblock updates (never a stripe number).
 const META_LOCK_KEY: u64 = u64::MAX;
@@ -311,6 +316,68 @@ impl<M: Member + ?Sized> Array<M> {
         self.zero_range(offset_bytes / SECTOR_BYTES, len_bytes / SECTOR_BYTES, may_deallocate, fua, false).await
     }
 
+    /// A hint that `[offset_bytes, +len_bytes)` will be read soon (NBD's CACHE): passed to
+    /// the member holding each piece a read would read (one readable copy; a raid4/5/6 data
+    /// chunk's member, or, where that one cannot be read, the rest of its stripe is left to
+    /// the read). Bounded by [`MAX_CACHE_BYTES`] per call; hints never fail a member.
+    pub async fn cache(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        self.check_io(offset_bytes, len_bytes, false)?;
+        let shape = self.shape.load();
+        if shape.reshape().is_some() {
+            return Ok(());
+        }
+        let layout = shape.layout();
+        let (mut sector, end) =
+            (offset_bytes / SECTOR_BYTES, (offset_bytes + len_bytes.min(MAX_CACHE_BYTES)) / SECTOR_BYTES);
+        let mut hints: Vec<(usize, u64, u64)> = Vec::new();
+        while sector < end {
+            let mapped = layout.map(sector);
+            let run = mapped.len_sectors.min(end - sector);
+            let copy = mapped.copies.iter().find(|c| self.members.slots()[c.role].is_readable(c.member_sector, run));
+            if let Some(c) = copy {
+                match hints.last_mut() {
+                    Some((role, at, n)) if *role == c.role && *at + *n == c.member_sector => *n += run,
+                    _ => hints.push((c.role, c.member_sector, run)),
+                }
+            }
+            sector += run;
+        }
+        let calls = hints.into_iter().filter_map(|(role, at, n)| {
+            let device = self.members.slots()[role].device()?;
+            Some(async move {
+                let from = device.data_offset_bytes + at * SECTOR_BYTES;
+                if let Err(e) = device.member.cache(from, n * SECTOR_BYTES).await {
+                    tracing::debug!(member = device.member.name(), error = %e, "cache hint not taken");
+                }
+            })
+        });
+        join_all(calls).await;
+        Ok(())
+    }
+
+    /// Whether [`write_zeroes`](Self::write_zeroes) of the range writes no data: every
+    /// member zeroes in place ([`Member::zeroes_fast`]) and, on raid4/5/6, the range is whole
+    /// stripes under a policy that zeroes them on every member (partial stripes are written
+    /// like data; the journal logs zeros as data). A settled array only.
+    pub fn zeroes_fast(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        let shape = self.shape.load();
+        if shape.reshape().is_some() || self.check_io(offset_bytes, len_bytes, false).is_err() {
+            return false;
+        }
+        if let Some(pg) = shape.layout().parity() {
+            let stripe_bytes = pg.stripe_data_sectors() * SECTOR_BYTES;
+            let whole = offset_bytes.is_multiple_of(stripe_bytes) && len_bytes.is_multiple_of(stripe_bytes);
+            if !whole || !self.write_rules().zeroes_whole_stripes {
+                return false;
+            }
+        }
+        self.members
+            .slots()
+            .iter()
+            .filter(|slot| slot.is_writable())
+            .all(|slot| slot.device().is_some_and(|d| d.member.zeroes_fast()))
+    }
+
     /// Discards a range (any length). Only whole stripes (raid4/5/6) are discarded, on
     /// every member so parity stays consistent; the rest is left alone (TRIM is a hint).
     /// Discarded ranges read back as zeros.
@@ -509,6 +576,15 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
     }
     fn write_bytes<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
         Box::pin(Array::write_bytes(self, offset_bytes, data, fua))
+    }
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Allocation>> {
+        Box::pin(Array::block_status(self, offset_bytes, len_bytes))
+    }
+    fn zeroes_fast(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        Array::zeroes_fast(self, offset_bytes, len_bytes)
+    }
+    fn cache(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, ()> {
+        Box::pin(Array::cache(self, offset_bytes, len_bytes))
     }
 }
 

@@ -49,6 +49,7 @@ mod writeback;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::SECTOR_BYTES;
+use crate::allocation::Allocation;
 use crate::engine::Array;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
@@ -161,6 +162,23 @@ impl<M: Member + ?Sized> WriteCache<M> {
         let mut data = self.array.read(offset_bytes, len_bytes).await?;
         read_overlay::overlay(&mut data, offset_bytes, &cached);
         Ok(data)
+    }
+
+    /// `base:allocation`: the array's, up to the first cached byte; cached bytes are data.
+    /// The cache is looked at before the array is asked, so a write the cache writes back
+    /// meanwhile is in the array by then.
+    pub async fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Allocation>> {
+        self.array.check_io(offset_bytes, len_bytes, false)?;
+        let end = offset_bytes + len_bytes;
+        let first_cached = {
+            let st = self.state();
+            st.extents.overlapping(offset_bytes, end).next().map(|(o, e)| (o, (o + e.len_bytes).min(end)))
+        };
+        match first_cached {
+            Some((start, cached_end)) if start <= offset_bytes => Ok(vec![Allocation::data(cached_end - offset_bytes)]),
+            Some((start, _)) => self.array.block_status(offset_bytes, start - offset_bytes).await,
+            None => self.array.block_status(offset_bytes, len_bytes).await,
+        }
     }
 
     /// Writes `data` at `offset_bytes`. Cached and acknowledged at once unless `fua` (then
@@ -321,5 +339,11 @@ impl<M: Member + ?Sized + 'static> Volume for WriteCache<M> {
     }
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, may_deallocate: bool, fua: bool) -> VolumeFuture<'_, ()> {
         Box::pin(WriteCache::write_zeroes(self, offset_bytes, len_bytes, may_deallocate, fua))
+    }
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Allocation>> {
+        Box::pin(WriteCache::block_status(self, offset_bytes, len_bytes))
+    }
+    fn cache(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, ()> {
+        Box::pin(self.array.cache(offset_bytes, len_bytes))
     }
 }

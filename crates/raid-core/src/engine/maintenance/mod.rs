@@ -65,7 +65,8 @@ impl MaintenanceWork {
 pub enum Step {
     /// Nothing to do.
     Idle,
-    /// Some work, `bytes` of member data read or written.
+    /// Some work, `bytes` of member data read or written (holes skipped are not counted:
+    /// the worker's speed limits pace I/O, not lseeks).
     Worked { work: MaintenanceWork, bytes: u64 },
     /// A job finished.
     Finished(MaintenanceWork),
@@ -82,6 +83,9 @@ pub struct RecoveryTally {
     pub dirty_chunks: u64,
     /// Member bytes rebuilt and written so far.
     pub copied_bytes: u64,
+    /// Member bytes that were holes on every block they are rebuilt from, so the device was
+    /// left a hole there (punched if it held anything): not read, not copied.
+    pub hole_bytes: u64,
 }
 
 /// A snapshot for status displays.
@@ -426,7 +430,7 @@ impl<M: Member + ?Sized> Array<M> {
         // No checkpoint while running: md keeps resync_offset at 0 while the array is
         // active; the point reached is recorded at an orderly stop (see `shutdown`).
         self.maintenance.lock().resync_next_unit = Some(next + count);
-        Ok(Step::Worked { work, bytes: counts.scrubbed_bytes })
+        Ok(Step::Worked { work, bytes: counts.scrubbed_bytes - counts.hole_bytes })
     }
 
     async fn scrub_step(&self, repair: bool, next: u64, max_bytes: u64) -> Result<Step> {
@@ -448,6 +452,6 @@ impl<M: Member + ?Sized> Array<M> {
             job.next_unit = next + count;
             job.counts += counts;
         }
-        Ok(Step::Worked { work, bytes: counts.scrubbed_bytes })
+        Ok(Step::Worked { work, bytes: counts.scrubbed_bytes - counts.hole_bytes })
     }
 }

@@ -20,6 +20,10 @@ use crate::member::Member;
 /// Rebuild progress is written to the superblocks at least this often (member sectors).
 const CHECKPOINT_SECTORS: u64 = 128 << 11; // 128 MiB
 
+/// A step goes on past what needs no copy (holes, chunks a re-add's bitmap calls clean) up to
+/// this many times its copy budget: such ranges cost a few lseeks, not I/O.
+const SKIP_FACTOR: u64 = 64;
+
 impl<M: Member + ?Sized> Array<M> {
     /// Puts a spare into the first failed role (md's remove_and_add_spares).
     pub(super) async fn assign_spare(&self) -> Result<Option<Step>> {
@@ -73,12 +77,17 @@ impl<M: Member + ?Sized> Array<M> {
         };
         let mut m = self.maintenance.lock();
         m.current = Some(MaintenanceWork::Recovery { role });
-        m.recovery = Some(RecoveryTally { role, from_bitmap, dirty_chunks, copied_bytes: 0 });
+        m.recovery = Some(RecoveryTally { role, from_bitmap, dirty_chunks, copied_bytes: 0, hole_bytes: 0 });
     }
 
-    fn count_recovered(&self, role: usize, sectors: u64) {
+    /// Counts `sectors` of a recovery of `role`: copied, or left holes (`copied` false).
+    fn count_recovered(&self, role: usize, sectors: u64, copied: bool) {
         if let Some(t) = self.maintenance.lock().recovery.as_mut().filter(|t| t.role == role) {
-            t.copied_bytes += sectors * SECTOR_BYTES;
+            if copied {
+                t.copied_bytes += sectors * SECTOR_BYTES;
+            } else {
+                t.hole_bytes += sectors * SECTOR_BYTES;
+            }
         }
     }
 
@@ -114,7 +123,8 @@ impl<M: Member + ?Sized> Array<M> {
             m.current = Some(work);
             if m.recovery.is_none_or(|t| t.role != role) {
                 // Resumed from a checkpoint at start-up.
-                m.recovery = Some(RecoveryTally { role, from_bitmap: false, dirty_chunks: 0, copied_bytes: 0 });
+                m.recovery =
+                    Some(RecoveryTally { role, from_bitmap: false, dirty_chunks: 0, copied_bytes: 0, hole_bytes: 0 });
             }
         }
         let slot = &self.members.slots()[role];
@@ -199,8 +209,9 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(Step::Worked { work, bytes })
     }
 
-    /// Rebuilds member sectors of `role` from `start`, about `max_bytes` worth, onto the
-    /// role's device (recovery) or onto `replacement`. Returns the new offset.
+    /// Rebuilds member sectors of `role` from `start`, about `max_bytes` worth of copying
+    /// (and up to [`SKIP_FACTOR`] times that where nothing needs copying), onto the role's
+    /// device (recovery) or onto `replacement`. Returns the new offset and the bytes copied.
     async fn copy_role_range(
         &self,
         role: usize,
@@ -214,32 +225,36 @@ impl<M: Member + ?Sized> Array<M> {
             let chunk = u64::from(pg.chunk_sectors());
             debug_assert_eq!(start % chunk, 0, "recovery advances by whole stripes");
             let first = start / chunk;
-            let count = self.units_for(max_bytes, chunk).min(pg.stripes() - first);
-            for stripe in first..first + count {
-                if replacement.is_none() && self.clean_in_bitmap(role, stripe * chunk..(stripe + 1) * chunk) {
-                    continue;
+            let budget = self.units_for(max_bytes, chunk);
+            let end = first + (budget * SKIP_FACTOR).min(pg.stripes() - first);
+            let (mut stripe, mut copied) = (first, 0);
+            while stripe < end && copied < budget {
+                if replacement.is_some() || !self.clean_in_bitmap(role, stripe * chunk..(stripe + 1) * chunk) {
+                    let did_copy = self.rebuild_stripe(&layout, stripe, role, replacement).await?;
+                    if replacement.is_none() {
+                        self.count_recovered(role, chunk, did_copy);
+                    }
+                    copied += u64::from(did_copy);
                 }
-                self.rebuild_stripe(&layout, stripe, role, replacement).await?;
-                if replacement.is_none() {
-                    self.count_recovered(role, chunk);
-                }
+                stripe += 1;
             }
-            return Ok(((first + count) * chunk, count * chunk * SECTOR_BYTES));
+            return Ok((stripe * chunk, copied * chunk * SECTOR_BYTES));
         }
         // Mirrors: walk member space of the role, chunk by chunk (raid1: 256 KiB pieces).
         let piece = match self.layout().geometry().level() {
             crate::geometry::Level::Raid10 => u64::from(self.layout().geometry().chunk_sectors()),
             _ => crate::engine::MIRROR_READ_SPLIT_SECTORS,
         };
-        let end = (start + self.units_for(max_bytes, piece) * piece).min(total);
-        let mut member_sector = start;
+        let budget_sectors = self.units_for(max_bytes, piece) * piece;
+        let end = (start + budget_sectors * SKIP_FACTOR).min(total);
+        let (mut member_sector, mut copied) = (start, 0);
         // A bitmap re-add copies whole bitmap chunks only: do not cross their boundaries.
         let bitmap_chunk = if self.members.slots()[role].bitmap_recovery.load(Ordering::Acquire) {
             self.intent.as_ref().map(|i| i.chunk_sectors()).or(self.away.get().map(|a| a.chunk_sectors()))
         } else {
             None
         };
-        while member_sector < end {
+        while member_sector < end && copied < budget_sectors {
             let mut run = (piece - member_sector % piece).min(end - member_sector);
             if let Some(c) = bitmap_chunk
                 && self.layout().geometry().level() == crate::geometry::Level::Raid1
@@ -249,23 +264,28 @@ impl<M: Member + ?Sized> Array<M> {
             if let Some(array_sector) = self.layout().geometry().array_sector_of(role, member_sector)
                 && (replacement.is_some() || !self.clean_in_bitmap(role, array_sector..array_sector + run))
             {
-                self.rebuild_mirror_piece(role, member_sector, array_sector, run, replacement).await?;
+                let did_copy = self.rebuild_mirror_piece(role, member_sector, array_sector, run, replacement).await?;
                 if replacement.is_none() {
-                    self.count_recovered(role, run);
+                    self.count_recovered(role, run, did_copy);
+                }
+                if did_copy {
+                    copied += run;
                 }
             }
             member_sector += run;
         }
-        Ok((end, (end - start) * SECTOR_BYTES))
+        Ok((member_sector, copied * SECTOR_BYTES))
     }
 
+    /// Rebuilds `role`'s chunk of `stripe`; `Ok(false)` when it was left a hole instead
+    /// (every block it is rebuilt from is one).
     async fn rebuild_stripe(
         &self,
         array_layout: &Layout,
         stripe: u64,
         role: usize,
         replacement: Option<&Arc<Replacement<M>>>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let pg = array_layout.parity().expect("parity level");
         let _guard = self.locks.lock(stripe).await;
         let layout = pg.stripe(stripe);
@@ -277,6 +297,20 @@ impl<M: Member + ?Sized> Array<M> {
             .unwrap_or(layout.data_roles.len() + 1);
         let chunk = pg.chunk_sectors();
         let member_sector = array_layout.stripe_member_sector(stripe);
+        let blocks = layout.data_roles.len() + pg.parity_disks();
+        let sources: Vec<(usize, u64)> = (0..blocks)
+            .map(|b| crate::engine::stripe_read::block_role(&layout, b))
+            .filter(|&r| {
+                (r != role || replacement.is_some())
+                    && self.members.slots()[r].is_readable(member_sector, u64::from(chunk))
+            })
+            .map(|r| (r, member_sector))
+            .collect();
+        if sources.len() + pg.parity_disks() >= blocks
+            && self.leave_hole(role, replacement, &sources, member_sector, u64::from(chunk)).await
+        {
+            return Ok(false);
+        }
         // Runs of rows in which every block is uniformly good or bad; most stripes are one.
         let mut bounds = vec![0];
         if self.any_bad() {
@@ -305,7 +339,42 @@ impl<M: Member + ?Sized> Array<M> {
             let buf = blocks[block].take().expect("every block loaded");
             self.rebuild_write(role, replacement, at, buf).await?;
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// Where every source block (role, member sector) of a rebuild is a hole, the target
+    /// reads as zeros too: it is left a hole, punched if it is not one yet (a discard reads
+    /// back as zeros, as md's full copy would have written). Never with bad blocks (those
+    /// are read around, not trusted as holes). Whether it was; if not, the caller copies.
+    async fn leave_hole(
+        &self,
+        role: usize,
+        replacement: Option<&Arc<Replacement<M>>>,
+        sources: &[(usize, u64)],
+        member_sector: u64,
+        sectors: u64,
+    ) -> bool {
+        if self.any_bad() || sources.is_empty() {
+            return false;
+        }
+        for &(source, at) in sources {
+            let Some(device) = self.members.slots()[source].device() else { return false };
+            if !self.device_hole(&device, at, sectors).await {
+                return false;
+            }
+        }
+        let target = match replacement {
+            Some(r) => r.device.clone(),
+            None => match self.members.slots()[role].device() {
+                Some(device) => device,
+                None => return false,
+            },
+        };
+        if self.device_hole(&target, member_sector, sectors).await {
+            return true;
+        }
+        let at = target.data_offset_bytes + member_sector * SECTOR_BYTES;
+        target.member.discard(at, sectors * SECTOR_BYTES).await.is_ok()
     }
 
     async fn rebuild_mirror_piece(
@@ -315,11 +384,23 @@ impl<M: Member + ?Sized> Array<M> {
         array_sector: u64,
         sectors: u64,
         replacement: Option<&Arc<Replacement<M>>>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let layout = self.layout();
         let _guards = self.lock_mirror_range(&layout, array_sector, sectors).await;
         let mapped = layout.map(array_sector);
         debug_assert!(mapped.copies.iter().any(|c| c.role == role && c.member_sector == member_sector));
+        let sources: Vec<(usize, u64)> = mapped
+            .copies
+            .iter()
+            .filter(|c| {
+                (c.role != role || replacement.is_some())
+                    && self.members.slots()[c.role].is_readable(c.member_sector, sectors)
+            })
+            .map(|c| (c.role, c.member_sector))
+            .collect();
+        if self.leave_hole(role, replacement, &sources, member_sector, sectors).await {
+            return Ok(false);
+        }
         for _attempt in 0..=self.members.slots().len() {
             let source = mapped
                 .copies
@@ -347,7 +428,7 @@ impl<M: Member + ?Sized> Array<M> {
             )
             .await
             {
-                Ok(buf) => return self.rebuild_write(role, replacement, member_sector, buf).await,
+                Ok(buf) => return self.rebuild_write(role, replacement, member_sector, buf).await.map(|()| true),
                 Err(e) => self.member_failed(source.role, &e, "rebuild read").await,
             }
         }

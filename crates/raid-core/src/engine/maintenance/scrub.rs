@@ -63,6 +63,9 @@ pub struct ScrubCounts {
     pub skipped_bad_sectors: u64,
     /// Mismatching sectors whose wrong member redundancy named (raid6, mirrors of 3+).
     pub located_sectors: u64,
+    /// Array bytes (of `scrubbed_bytes`) that were holes on every member and so were not
+    /// read: consistent by construction (all zeros).
+    pub hole_bytes: u64,
 }
 
 impl std::ops::AddAssign for ScrubCounts {
@@ -72,6 +75,7 @@ impl std::ops::AddAssign for ScrubCounts {
         self.scrubbed_bytes += o.scrubbed_bytes;
         self.skipped_bad_sectors += o.skipped_bad_sectors;
         self.located_sectors += o.located_sectors;
+        self.hole_bytes += o.hole_bytes;
     }
 }
 
@@ -146,9 +150,13 @@ impl<M: Member + ?Sized> Array<M> {
         let member_sector = array_layout.stripe_member_sector(stripe);
         let kinds = block_kinds(&layout, pg.parity_disks());
         let roles: Vec<usize> = (0..kinds.len()).map(|b| block_role(&layout, b)).collect();
+        let stripe_bytes = pg.stripe_data_sectors() * SECTOR_BYTES;
+        if !self.any_bad() && self.roles_hole(&roles, member_sector, chunk).await {
+            return Ok(ScrubCounts { scrubbed_bytes: stripe_bytes, hole_bytes: stripe_bytes, ..Default::default() });
+        }
         let blocks = self.read_all(&roles, member_sector, chunk).await?;
         let page = (PARITY_PAGE_SECTORS * SECTOR_BYTES) as usize;
-        let mut counts = ScrubCounts { scrubbed_bytes: pg.stripe_data_sectors() * SECTOR_BYTES, ..Default::default() };
+        let mut counts = ScrubCounts { scrubbed_bytes: stripe_bytes, ..Default::default() };
         // Pages where a block is bad (bad_blocks.rs) are neither compared nor repaired: their
         // parity may be the only way to rebuild the bad data, or is known wrong already.
         let unknown_page = |p: usize| {
@@ -253,6 +261,10 @@ impl<M: Member + ?Sized> Array<M> {
         let end = (start + MIRROR_UNIT_SECTORS).min(layout.geometry().array_sectors());
         let _guards = self.lock_mirror_range(layout, start, end - start).await;
         let mut counts = ScrubCounts { scrubbed_bytes: (end - start) * SECTOR_BYTES, ..Default::default() };
+        if self.mirror_range_hole(layout, start, end).await {
+            counts.hole_bytes = counts.scrubbed_bytes;
+            return Ok(counts);
+        }
         let mut sector = start;
         while sector < end {
             let mapped = layout.map(sector);
