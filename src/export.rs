@@ -16,7 +16,8 @@
 //! the members through the geometry), so copies of a sparse array stay sparse. FAST_ZERO
 //! is advertised and honoured where zeroing writes no data (`Volume::zeroes_fast`: whole
 //! stripes, members that zero in place); elsewhere it fails at once with ENOTSUP, as the
-//! spec asks, and the client writes the zeros itself.
+//! spec asks, and the client writes the zeros itself. The meta context `raidnbd:sync`
+//! (`Volume::sync_status`) says what a rebuild or resync will touch.
 //!
 //! The device serves one [`Volume`]: the array itself, or with `serve --cache writeback`
 //! the array's one shared write cache (one per array, so a FLUSH on any connection covers
@@ -75,6 +76,9 @@ impl ArrayDevice {
         Self { volume, info, mappings: FileMappings::default() }
     }
 }
+
+/// The NBD meta context of our own: what a rebuild or resync will touch.
+pub const SYNC_CONTEXT: &str = "raidnbd:sync";
 
 /// NBD wants a power of two: the full stripe width when it is one, else the chunk.
 fn preferred_block_bytes(optimal_io_bytes: u64, chunk_sectors: u32) -> u32 {
@@ -197,6 +201,27 @@ impl BlockDevice for ArrayDevice {
             let end = (offset + len).next_multiple_of(SECTOR_BYTES);
             self.volume.cache(start, end - start).await.map_err(to_device_error)
         })
+    }
+
+    fn meta_contexts(&self) -> &'static [&'static str] {
+        &[SYNC_CONTEXT]
+    }
+
+    /// `raidnbd:sync`: what a rebuild or resync will touch (`Volume::sync_status`: bit 0 not
+    /// in sync, bit 1 dirty in the write-intent bitmap), for the whole sectors around the range.
+    fn context_status(&self, index: usize, offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<(u64, u32)>>> {
+        debug_assert_eq!(index, 0, "one context of our own");
+        let start = offset / SECTOR_BYTES * SECTOR_BYTES;
+        let end = (offset + len).next_multiple_of(SECTOR_BYTES);
+        let status = self.volume.sync_status(start, end - start).map_err(to_device_error);
+        // The first extent starts at `start`; the server clips the answer to the request.
+        let status = status.map(|mut extents| {
+            if let Some(first) = extents.first_mut() {
+                first.0 -= (offset - start).min(first.0 - 1);
+            }
+            extents
+        });
+        Box::pin(std::future::ready(status))
     }
 
     /// The volume's `base:allocation` (holes and zeros from the members, through the

@@ -45,6 +45,7 @@ pub(crate) fn fio_region(uri: &str, args: &[&str]) -> Command {
         "--randseed=34",
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--iodepth=8",
     ]);
     fio.args(args);

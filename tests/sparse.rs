@@ -217,3 +217,70 @@ print("ok")
     assert_eq!(out.trim(), "ok");
     served.stop();
 }
+
+/// `nbdinfo --map=raidnbd:sync --json` of `uri`: (offset, length, flags).
+fn sync_map(uri: &str) -> Vec<(u64, u64, u64)> {
+    let out = run_ok(Command::new("nbdinfo").args(["--map=raidnbd:sync", "--json", uri]));
+    let extents: Vec<Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("nbdinfo --map: {e}: {out}"));
+    extents
+        .iter()
+        .map(|e| (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap(), e["type"].as_u64().unwrap()))
+        .collect()
+}
+
+/// The meta context `raidnbd:sync` says what a rebuild or resync will touch: nothing on a
+/// clean array; a write sets its write-intent chunk dirty (bit 1) and nothing else; with a
+/// member failed every range is not in sync (bit 0) until a spare is rebuilt. A client that
+/// asks for it and `base:allocation` together gets both in one reply.
+#[test]
+fn the_sync_context_says_what_a_rebuild_will_touch() {
+    require_tool("nbdinfo", "libnbd-bin");
+    require_tool("qemu-io", "qemu-utils");
+    require_libnbd_python();
+    let dir = tempdir();
+    let d = dir.path();
+    let create = ["create", "--level", "5", "--chunk", "64K", "--bitmap", "internal", "--bitmap-chunk", "1M"];
+    assert_ok(&raidnbd(d, &[&create[..], &["--size", "64M", "m0", "m1", "m2", "m3"]].concat()));
+    std::fs::File::create(d.join("spare")).unwrap().set_len(64 << 20).unwrap();
+    let sock = d.join("control.sock");
+    let served =
+        Served::start(d, "a", &["--fault-injection", "--control", sock.to_str().unwrap()], &["m0", "m1", "m2", "m3"]);
+    let uri = served.uri("a");
+    let size = run_ok(Command::new("nbdinfo").args(["--size", &uri])).trim().parse::<u64>().unwrap();
+    assert_eq!(sync_map(&uri), vec![(0, size, 0)], "a clean array: nothing to touch");
+
+    // A write at 8 MiB: its bitmap chunk (1 MiB of each member = 3 MiB of the array) is dirty.
+    run_ok(Command::new("qemu-io").args(["-f", "raw", &uri, "-c", "write -P 0x11 8M 64K"]));
+    let dirty_unit = 3u64 << 20;
+    let (d0, d1) = ((8 << 20) / dirty_unit * dirty_unit, (8 << 20) / dirty_unit * dirty_unit + dirty_unit);
+    assert_eq!(sync_map(&uri), vec![(0, d0, 0), (d0, d1 - d0, 2), (d1, size - d1, 0)], "the written chunk is dirty");
+
+    // Both contexts in one request.
+    let script = r#"
+import sys, nbd
+h = nbd.NBD()
+h.add_meta_context("base:allocation")
+h.add_meta_context("raidnbd:sync")
+h.connect_uri(sys.argv[1])
+seen = {}
+# 8 MiB from 1 MiB: a hole up to the rows the write at 8 MiB touched; in sync, and dirty
+# from 6 MiB (its bitmap chunk).
+h.block_status(8 << 20, 1 << 20, lambda ctx, off, ents, err: seen.__setitem__(ctx, ents) or 0)
+assert set(seen) == {"base:allocation", "raidnbd:sync"}, seen
+assert seen["base:allocation"][1] == 3 and seen["base:allocation"][0] >= 6 << 20, seen
+assert seen["raidnbd:sync"][:4] == [5 << 20, 0, 3 << 20, 2], seen
+print("ok")
+"#;
+    assert_eq!(run_ok(Command::new(PYTHON).args(["-c", script, &uri])).trim(), "ok");
+
+    // A member fails: everything waits for a rebuild; after it, nothing does.
+    ctl(d, &sock, &["fault", &d.join("m2").to_string_lossy(), "all"]);
+    run_ok(Command::new("qemu-io").args(["-f", "raw", &uri, "-c", "write -P 0x22 20M 64K"]));
+    let degraded = sync_map(&uri);
+    assert!(degraded.iter().all(|e| e.2 & 1 == 1), "degraded: nothing is in sync: {degraded:?}");
+    ctl(d, &sock, &["add", &d.join("spare").to_string_lossy()]);
+    wait_for(d, &sock, "the rebuild", all_in_sync);
+    let rebuilt = sync_map(&uri);
+    assert!(rebuilt.iter().all(|e| e.2 & 1 == 0), "rebuilt: all in sync: {rebuilt:?}");
+    served.stop();
+}

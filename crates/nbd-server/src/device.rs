@@ -278,6 +278,21 @@ pub trait BlockDevice: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    /// The meta contexts of its own the device answers BLOCK_STATUS for, beside
+    /// `base:allocation` ("namespace:name"; fixed for the life of the device). None by
+    /// default.
+    fn meta_contexts(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Status in context `meta_contexts()[index]` from `offset`: (length, flags) extents in
+    /// order covering at least one byte (the server clips them to the request). The default
+    /// says flags 0 over the range.
+    fn context_status(&self, index: usize, offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<(u64, u32)>>> {
+        let _ = (index, offset);
+        Box::pin(std::future::ready(Ok(vec![(len, 0)])))
+    }
+
     /// Allocation status from `offset` covering at least one byte; the default reports one
     /// allocated, non-zero extent (always a safe answer).
     fn block_status(&self, _offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<Extent>>> {

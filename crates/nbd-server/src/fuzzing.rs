@@ -119,7 +119,7 @@ pub fn handshake(input: &[u8]) {
     assert!(rest.is_empty() || rest.len() == 10 || rest.len() == 134, "stray bytes after option replies");
     if let Ok(crate::handshake::Outcome::Transmission(n)) = outcome {
         assert!(n.export_index < exports().len());
-        assert!(!n.meta_context_selected || n.framing.structured());
+        assert!(n.meta_contexts == 0 || n.framing.structured());
     }
 }
 

@@ -28,7 +28,7 @@
 //! | INFO / GO | INFO(EXPORT, BLOCK_SIZE, NAME/DESCRIPTION if asked), ACK; unknown ⇒ ERR_UNKNOWN |
 //! | STRUCTURED_REPLY | ACK once, ERR_INVALID when repeated, ERR_EXT_HEADER_REQD after EXTENDED_HEADERS |
 //! | EXTENDED_HEADERS | ACK once (also after STRUCTURED_REPLY), ERR_INVALID when repeated or with data; EXPORT_NAME after it closes |
-//! | LIST/SET_META_CONTEXT | `base:allocation`; ERR_INVALID before STRUCTURED_REPLY or EXTENDED_HEADERS |
+//! | LIST/SET_META_CONTEXT | `base:allocation` and the device's own (`BlockDevice::meta_contexts`); ERR_INVALID before STRUCTURED_REPLY or EXTENDED_HEADERS |
 //! | unknown | ERR_UNSUP echoing the option |
 
 use bytes::{Buf, BytesMut};
@@ -52,14 +52,18 @@ use crate::protocol::handshake_codec::{
 use crate::read_buffer::{discard, fill, fill_exact};
 use crate::tls::PeerIdentity;
 
+/// Meta contexts one export may offer (a bit each in the selected set).
+const MAX_META_CONTEXTS: usize = 32;
+
 /// The result of a successful negotiation.
 #[derive(Debug)]
 pub(crate) struct Negotiated {
     pub export_index: usize,
     pub advertised: Advertised,
     pub framing: Framing,
-    /// `base:allocation` was selected for the export that was entered.
-    pub meta_context_selected: bool,
+    /// The meta contexts selected for the export that was entered: bit `id - 1` for context
+    /// id `id` (1: `base:allocation`, 2 + i: the device's `meta_contexts()[i]`).
+    pub meta_contexts: u32,
 }
 
 /// How the handshake ended without an error.
@@ -115,8 +119,9 @@ impl Policy<'_> {
 struct State {
     flags: ClientFlags,
     framing: Framing,
-    /// Export index for which `base:allocation` is selected.
-    meta_context_export: Option<usize>,
+    /// The export for which meta contexts are selected, and which (see
+    /// [`Negotiated::meta_contexts`]).
+    meta_contexts: Option<(usize, u32)>,
 }
 
 /// Runs the handshake on `stream` from the greeting on. Bytes the client sent after the
@@ -233,7 +238,7 @@ where
                     return Err(Error::protocol(format!("unusable EXPORT_NAME: {}", refusal.message)));
                 }
                 if header.code == opt::SET_META_CONTEXT {
-                    state.meta_context_export = None;
+                    state.meta_contexts = None;
                 }
                 put_option_error(&mut out, header.code, refusal.reply_type, &refusal.message);
                 stream.write_all(&out).await?;
@@ -386,7 +391,10 @@ fn enter(index: usize, state: &State, exports: &[Export], block_sizes_asked: boo
         export_index: index,
         advertised: advertise_to(&info, state.framing.structured(), block_sizes_asked),
         framing: state.framing,
-        meta_context_selected: state.framing.structured() && state.meta_context_export == Some(index),
+        meta_contexts: match state.meta_contexts {
+            Some((export, mask)) if state.framing.structured() && export == index => mask,
+            _ => 0,
+        },
     }
 }
 
@@ -430,7 +438,10 @@ fn answer_info(
     Some(index)
 }
 
-/// Answers LIST_META_CONTEXT (`select = false`) or SET_META_CONTEXT (`select = true`).
+/// Answers LIST_META_CONTEXT (`select = false`) or SET_META_CONTEXT (`select = true`) with
+/// the export's contexts: `base:allocation` (id 1) and the device's own (ids 2...). SET selects
+/// the names asked for exactly; LIST also answers a bare namespace ("raidnbd:") with all of
+/// its contexts, and an empty query with every context.
 fn answer_meta_context(
     code: u32,
     query: &MetaContextQuery,
@@ -441,7 +452,7 @@ fn answer_meta_context(
 ) {
     if select {
         // SET replaces the active set even when it fails.
-        state.meta_context_export = None;
+        state.meta_contexts = None;
     }
     if !state.framing.structured() {
         put_option_error(out, code, rep::ERR_INVALID, "negotiate structured replies or extended headers first");
@@ -455,17 +466,20 @@ fn answer_meta_context(
         put_option_error(out, code, rep::ERR_INVALID, &format!("query {bad:?} has no namespace"));
         return;
     }
-    let matches = if select {
-        query.queries.iter().any(|q| q == BASE_ALLOCATION)
-    } else {
-        query.queries.is_empty() || query.queries.iter().any(|q| q == BASE_ALLOCATION || q == "base:")
-    };
-    if matches {
-        let id = if select { BASE_ALLOCATION_ID } else { 0 };
-        put_option_reply(out, code, rep::META_CONTEXT, &meta_context_reply_data(id, BASE_ALLOCATION));
-        if select {
-            state.meta_context_export = Some(index);
+    let own = exports[index].device.meta_contexts();
+    let contexts = std::iter::once(BASE_ALLOCATION).chain(own.iter().copied()).take(MAX_META_CONTEXTS);
+    let mut mask = 0u32;
+    for (i, name) in contexts.enumerate() {
+        let asked =
+            query.queries.iter().any(|q| q == name || (!select && q.ends_with(':') && name.starts_with(q.as_str())));
+        if asked || (!select && query.queries.is_empty()) {
+            let id = BASE_ALLOCATION_ID + i as u32;
+            put_option_reply(out, code, rep::META_CONTEXT, &meta_context_reply_data(if select { id } else { 0 }, name));
+            mask |= 1 << i;
         }
+    }
+    if select && mask != 0 {
+        state.meta_contexts = Some((index, mask));
     }
     put_option_reply(out, code, rep::ACK, &[]);
 }

@@ -321,7 +321,7 @@ impl Server {
             size = negotiated.advertised.size_bytes,
             flags = negotiated.advertised.transmission_flags,
             framing = ?negotiated.framing,
-            meta_context = negotiated.meta_context_selected,
+            meta_contexts = negotiated.meta_contexts,
             "transmission"
         );
         let (reader, writer) = stream.into_halves();
@@ -329,7 +329,7 @@ impl Server {
             device: export.device.clone(),
             advertised: negotiated.advertised,
             framing: negotiated.framing,
-            meta_context_selected: negotiated.meta_context_selected,
+            meta_contexts: negotiated.meta_contexts,
             in_flight_bytes: self.inner.in_flight_bytes.clone(),
             in_flight_pool_bytes: self.inner.config.max_in_flight_bytes,
             max_requests: self.inner.config.max_requests_per_connection,

@@ -68,6 +68,15 @@ pub trait Volume: Send + Sync {
         Box::pin(std::future::ready(Err(RaidError::new(ErrorKind::Refused, "byte-granular writes are not supported"))))
     }
 
+    /// What a rebuild or resync will touch from `offset_bytes` (sector aligned): (length,
+    /// flags) extents with [`NOT_IN_SYNC`](crate::engine::NOT_IN_SYNC) and
+    /// [`BITMAP_DIRTY`](crate::engine::BITMAP_DIRTY), covering at least one sector and at
+    /// most `len_bytes`. The default: nothing pending.
+    fn sync_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<(u64, u32)>> {
+        let _ = offset_bytes;
+        Ok(vec![(len_bytes, 0)])
+    }
+
     /// A hint that `[offset_bytes, +len_bytes)` will be read soon (NBD's CACHE); nothing by
     /// default.
     fn cache(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, ()> {

@@ -14,9 +14,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::device::FileRange;
 
-use super::consts::{
-    BASE_ALLOCATION_ID, EXTENDED_REPLY_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, reply_flags, reply_type,
-};
+use super::consts::{EXTENDED_REPLY_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, reply_flags, reply_type};
 use super::framing::ReplyTo;
 
 /// Length of a simple reply header.
@@ -205,18 +203,18 @@ impl Reply {
         self.segments.push(Segment::Data(b.freeze()));
     }
 
-    /// A final block-status chunk for `base:allocation`; `extents` are (length, flags):
-    /// `BLOCK_STATUS` with 32-bit lengths, or with extended headers `BLOCK_STATUS_EXT`
-    /// (a descriptor count, then 64-bit lengths and flags).
-    pub fn push_block_status(&mut self, to: ReplyTo, extents: &[(u64, u32)]) {
+    /// A block-status chunk for meta context `context_id` (the last of the reply when
+    /// `done`); `extents` are (length, flags): `BLOCK_STATUS` with 32-bit lengths, or with
+    /// extended headers `BLOCK_STATUS_EXT` (a descriptor count, then 64-bit lengths and flags).
+    pub fn push_block_status(&mut self, to: ReplyTo, context_id: u32, extents: &[(u64, u32)], done: bool) {
         debug_assert!(!extents.is_empty() && extents.iter().all(|&(len, _)| len > 0));
         let extended = to.framing.extended();
         let payload_len = if extended { 8 + 16 * extents.len() } else { 4 + 8 * extents.len() };
         let chunk_type = if extended { reply_type::BLOCK_STATUS_EXT } else { reply_type::BLOCK_STATUS };
-        let (header, n) = chunk_header(reply_flags::DONE, chunk_type, to, payload_len as u32);
+        let (header, n) = chunk_header(done_flag(done), chunk_type, to, payload_len as u32);
         let mut b = BytesMut::with_capacity(n + payload_len);
         b.put_slice(&header[..n]);
-        b.put_u32(BASE_ALLOCATION_ID);
+        b.put_u32(context_id);
         if extended {
             b.put_u32(extents.len() as u32);
         }
@@ -278,19 +276,27 @@ pub const MAX_EXTENTS_PER_REPLY: usize = 1 << 16;
 /// request, which is always a correct answer.
 pub fn encode_extents(extents: &[crate::device::Extent], len: u64, req_one: bool) -> Vec<(u64, u32)> {
     use super::consts::state;
+    let flagged = extents
+        .iter()
+        .map(|e| (e.len_bytes, if e.hole { state::HOLE } else { 0 } | if e.zero { state::ZERO } else { 0 }));
+    encode_descriptors(flagged, len, req_one)
+}
+
+/// [`encode_extents`] for any meta context's `(length, flags)` (0 is every context's
+/// "nothing to say").
+pub fn encode_descriptors(extents: impl IntoIterator<Item = (u64, u32)>, len: u64, req_one: bool) -> Vec<(u64, u32)> {
     debug_assert!(len > 0);
     let limit = if req_one { 1 } else { MAX_EXTENTS_PER_REPLY };
     let mut out: Vec<(u64, u32)> = Vec::new();
     let mut remaining = len;
-    for extent in extents {
+    for (extent_len, flags) in extents {
         if remaining == 0 {
             break;
         }
-        if extent.len_bytes == 0 {
+        if extent_len == 0 {
             continue;
         }
-        let piece = extent.len_bytes.min(remaining);
-        let flags = if extent.hole { state::HOLE } else { 0 } | if extent.zero { state::ZERO } else { 0 };
+        let piece = extent_len.min(remaining);
         if let Some((last_len, last_flags)) = out.last_mut()
             && *last_flags == flags
         {
@@ -370,6 +376,7 @@ pub fn decode_extended_chunk_header(buf: &[u8]) -> Option<(ChunkHeader, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::consts::BASE_ALLOCATION_ID;
     use crate::protocol::framing::Framing;
 
     fn to(framing: Framing, cookie: u64) -> ReplyTo {
@@ -414,7 +421,7 @@ mod tests {
         assert_eq!((h.chunk_type, h.payload_len, h.flags), (reply_type::ERROR_OFFSET, 6 + 4 + 8, reply_flags::DONE));
         assert_eq!(&wire[26..30], b"boom");
         let mut r = Reply::default();
-        r.push_block_status(to(Framing::Structured, 9), &[(512, 3), (1024, 0)]);
+        r.push_block_status(to(Framing::Structured, 9), BASE_ALLOCATION_ID, &[(512, 3), (1024, 0)], true);
         let wire = r.to_vec();
         let h = decode_chunk_header(&wire).unwrap();
         assert_eq!((h.chunk_type, h.payload_len), (reply_type::BLOCK_STATUS, 20));
@@ -427,7 +434,7 @@ mod tests {
         let mut r = Reply::default();
         r.push_ok(ext);
         r.push_offset_hole(true, ext, 8192, 4096);
-        r.push_block_status(ext, &[(6 << 30, 3)]);
+        r.push_block_status(ext, BASE_ALLOCATION_ID, &[(6 << 30, 3)], true);
         r.push_error_chunk(ext, 5, "x", None);
         let wire = r.to_vec();
         let (h, offset) = decode_extended_chunk_header(&wire).unwrap();

@@ -93,7 +93,7 @@ pub struct ExportLimits {
     /// Transmission flags advertised to this client.
     pub transmission_flags: u16,
     pub framing: Framing,
-    /// `base:allocation` was selected for this export.
+    /// A meta context (`base:allocation` or one of the device's own) was selected.
     pub meta_context_selected: bool,
     /// Offsets and lengths must be multiples of this (a power of two, 1 = no constraint).
     pub min_block_bytes: u32,

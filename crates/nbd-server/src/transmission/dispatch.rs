@@ -8,9 +8,10 @@ use tracing::debug;
 
 use super::connection::Payload;
 use crate::device::{BlockDevice, DeviceError, DeviceErrorKind, DeviceResult, ReadChunk};
+use crate::protocol::consts::BASE_ALLOCATION_ID;
 use crate::protocol::framing::ReplyTo;
 use crate::protocol::read_reply::{push_device_error, read_reply};
-use crate::protocol::reply::{Reply, encode_extents};
+use crate::protocol::reply::{Reply, encode_descriptors, encode_extents};
 use crate::protocol::request::{Rejection, Request};
 
 /// Longest range one BLOCK_STATUS answer describes (a reply may cover less than asked;
@@ -30,6 +31,8 @@ pub(super) struct RequestCtx {
     pub(super) to: ReplyTo,
     /// Largest READ/WRITE handed to the device at once.
     pub(super) piece_bytes: u32,
+    /// The meta contexts selected: BLOCK_STATUS answers one chunk for each.
+    pub(super) meta_contexts: u32,
 }
 
 impl RequestCtx {
@@ -71,12 +74,15 @@ impl RequestCtx {
                 self.status_reply(result, len, flags.fast_zero)
             }
             Request::BlockStatus { offset, len, req_one } => {
-                debug_assert!(self.to.framing.structured() && len > 0);
+                debug_assert!(self.to.framing.structured() && len > 0 && self.meta_contexts != 0);
                 let len = len.min(MAX_BLOCK_STATUS_BYTES);
-                match self.device.block_status(offset, len).await {
-                    Ok(extents) => {
-                        let mut reply = Reply::with_capacity(1);
-                        reply.push_block_status(self.to, &encode_extents(&extents, len, req_one));
+                match self.block_status(offset, len, req_one).await {
+                    Ok(chunks) => {
+                        let mut reply = Reply::with_capacity(chunks.len());
+                        let last = chunks.len() - 1;
+                        for (i, (id, extents)) in chunks.iter().enumerate() {
+                            reply.push_block_status(self.to, *id, extents, i == last);
+                        }
                         reply
                     }
                     Err(e) => self.status_reply(Err(e), len, false),
@@ -84,6 +90,20 @@ impl RequestCtx {
             }
             Request::Disc => unreachable!("DISC is handled by the reader"),
         }
+    }
+
+    /// The descriptors of every selected meta context, in id order: (context id, extents).
+    async fn block_status(&self, offset: u64, len: u64, req_one: bool) -> DeviceResult<Vec<(u32, Vec<(u64, u32)>)>> {
+        let mut chunks = Vec::new();
+        for bit in (0..u32::BITS).filter(|b| self.meta_contexts & (1 << b) != 0) {
+            let id = BASE_ALLOCATION_ID + bit;
+            let extents = match bit {
+                0 => encode_extents(&self.device.block_status(offset, len).await?, len, req_one),
+                _ => encode_descriptors(self.device.context_status(bit as usize - 1, offset, len).await?, len, req_one),
+            };
+            chunks.push((id, extents));
+        }
+        Ok(chunks)
     }
 
     /// Reads `len` bytes, in device-sized pieces, checking the device returned exactly `len`.

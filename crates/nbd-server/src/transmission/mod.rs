@@ -88,7 +88,8 @@ pub(crate) struct Transmission {
     pub device: Arc<dyn BlockDevice>,
     pub advertised: Advertised,
     pub framing: Framing,
-    pub meta_context_selected: bool,
+    /// The meta contexts selected (see `handshake::Negotiated::meta_contexts`).
+    pub meta_contexts: u32,
     /// Server-wide bytes-in-flight pool and its size (`ServerConfig::max_in_flight_bytes`).
     pub in_flight_bytes: Arc<Semaphore>,
     pub in_flight_pool_bytes: usize,
@@ -159,7 +160,7 @@ where
         size_bytes: t.advertised.size_bytes,
         transmission_flags: t.advertised.transmission_flags,
         framing: t.framing,
-        meta_context_selected: t.meta_context_selected,
+        meta_context_selected: t.meta_contexts != 0,
         min_block_bytes: t.advertised.min_block_bytes,
         max_payload_bytes: t.advertised.max_payload_bytes,
     };
@@ -202,6 +203,7 @@ where
             device: t.device.clone(),
             to: ReplyTo { framing: t.framing, cookie: header.cookie, offset: header.offset },
             piece_bytes: t.advertised.device_piece_bytes,
+            meta_contexts: t.meta_contexts,
         };
         let mut task = Box::pin(
             async move {

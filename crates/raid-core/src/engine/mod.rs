@@ -59,6 +59,7 @@ mod stripe_plan;
 mod stripe_read;
 mod stripe_write;
 mod stripe_zero;
+mod sync_status;
 mod takeover;
 mod unaligned;
 mod write_hole;
@@ -80,6 +81,7 @@ pub use metadata::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite}
 pub use resize::{Resized, SizeTarget};
 pub use shape::{Direction, Layout, Reshape, Shape};
 pub use slot::{Device, RoleMember, SlotState};
+pub use sync_status::{BITMAP_DIRTY, NOT_IN_SYNC};
 pub use takeover::LevelChanged;
 pub use write_hole::{
     JournalConfig, JournalReport, JournalStats, MIN_JOURNAL_BYTES, MIN_PARITY_LOG_AREA_BYTES, ParityLogConfig,
@@ -585,6 +587,9 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
     }
     fn cache(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, ()> {
         Box::pin(Array::cache(self, offset_bytes, len_bytes))
+    }
+    fn sync_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<(u64, u32)>> {
+        Array::sync_status(self, offset_bytes, len_bytes)
     }
 }
 

@@ -346,4 +346,7 @@ impl<M: Member + ?Sized + 'static> Volume for WriteCache<M> {
     fn cache(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, ()> {
         Box::pin(self.array.cache(offset_bytes, len_bytes))
     }
+    fn sync_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<(u64, u32)>> {
+        self.array.sync_status(offset_bytes, len_bytes)
+    }
 }
