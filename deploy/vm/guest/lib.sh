@@ -184,6 +184,11 @@ md_wait_idle() { # MDDEV: wait for resync/recovery to finish
   f=/sys/block/${1#/dev/}/md/sync_action
   [ ! -e "$f" ] || expect_eq "$(cat "$f")" idle "sync_action of $1" # linear/raid0 have none
 }
+md_check_clean() { # MDDEV WHAT: md's own check (sync_action=check) must count no mismatch
+  echo check > "/sys/block/${1#/dev/}/md/sync_action"
+  md_wait_idle "$1"
+  expect_eq "$(cat "/sys/block/${1#/dev/}/md/mismatch_cnt")" 0 "$2"
+}
 
 # raidnbd (scenarios with "rig-needs: raidnbd"): one server at a time on 127.0.0.1:$RAIDNBD_PORT,
 # export $RAIDNBD_EXPORT, control socket $RAIDNBD_CTL, log appended to $RAIDNBD_LOG (each start

@@ -31,11 +31,6 @@ without() { # "LIST" ITEM...: LIST minus the ITEMs
 }
 count() { set -- $1; echo $#; }
 attach() { nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 2; }
-md_check_clean() { # WHAT: md's own parity/mirror check of md0
-  echo check > /sys/block/md0/md/sync_action
-  md_wait_idle /dev/md0
-  expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "$1"
-}
 sb_state() { mdadm --examine "$1" | sed -n 's/^ *State : //p'; } # clean | active
 write_files() { # SET COUNT: mount nbd0, write COUNT files of 512 KiB under $M/SET, umount
   run mount -t ext4 /dev/nbd0 "$M"
@@ -83,7 +78,7 @@ pass() { # NAME MD-LEVEL "CREATE OPTIONS" "MEMBERS" "LEFT-OUT MEMBERS"
   expect_eq "$(size_bytes /dev/md0)" "$SIZE" "$name: md0 size vs nbd0"
   expect_eq "$(dev_digest /dev/md0)" "$D1" "$name: digest of md0 vs nbd0"
   verify_files /dev/md0 f1
-  md_check_clean "$name: md mismatch_cnt of raidnbd's array"
+  md_check_clean /dev/md0 "$name: md mismatch_cnt of raidnbd's array"
   run mdadm --stop /dev/md0
 
   step "$name: serve, write; serve without$(printf ' %s' $out), write"
@@ -115,7 +110,7 @@ pass() { # NAME MD-LEVEL "CREATE OPTIONS" "MEMBERS" "LEFT-OUT MEMBERS"
   for m in $out; do run mdadm /dev/md0 --add "$m"; done
   md_wait_idle /dev/md0
   expect_eq "$(cat /sys/block/md0/md/degraded)" 0 "$name: md degraded members after recovery"
-  md_check_clean "$name: md mismatch_cnt after recovery"
+  md_check_clean /dev/md0 "$name: md mismatch_cnt after recovery"
   run mdadm --stop /dev/md0
 
   step "$name: raidnbd check + serve of md's recovered array"

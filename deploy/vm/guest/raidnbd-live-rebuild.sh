@@ -99,9 +99,7 @@ step "mdadm --assemble of the rebuilt member set, md check"
 run mdadm --assemble /dev/md0 $REBUILT
 expect_eq "$(cat /sys/block/md0/md/degraded)" 0 "md degraded members"
 expect_eq "$(dev_digest /dev/md0)" "$NBD_SUM" "digest of md0 vs nbd0"
-echo check > /sys/block/md0/md/sync_action
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "md mismatch_cnt of the rebuilt array"
+md_check_clean /dev/md0 "md mismatch_cnt of the rebuilt array"
 fsck_clean /dev/md0
 run mount -t ext4 -o ro /dev/md0 $M
 verify_tree $M/static /tmp/static.md5

@@ -65,9 +65,7 @@ fsck_clean /dev/md0
 run mount -t ext4 -o ro /dev/md0 $M
 verify_tree $M /tmp/a.md5
 run umount $M
-echo check > /sys/block/md0/md/sync_action
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "A: md's check after the grow"
+md_check_clean /dev/md0 "A: md's check after the grow"
 run mdadm --stop /dev/md0
 
 step "B: mdadm creates a RAID5 of 3 with room before the data, ext4 and files"

@@ -59,9 +59,7 @@ run mount -t ext4 -o ro /dev/md0 $M
 verify_tree $M /tmp/a.md5
 verify_tree $M/more /tmp/a-more.md5
 run umount $M
-echo check > /sys/block/md0/md/sync_action
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "A: md's check of raidnbd's raid6"
+md_check_clean /dev/md0 "A: md's check of raidnbd's raid6"
 
 step "A: the kernel takes it back to raid5; raidnbd serves that"
 run sh -c "mdadm --grow /dev/md0 --level=5" < /dev/null
@@ -108,9 +106,7 @@ fsck_clean /dev/md0
 run mount -t ext4 -o ro /dev/md0 $M
 verify_tree $M /tmp/a.md5
 run umount $M
-echo check > /sys/block/md0/md/sync_action
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "A: md's check after the layout change"
+md_check_clean /dev/md0 "A: md's check after the layout change"
 run mdadm --stop /dev/md0
 
 step "B: mdadm creates a RAID1 of 2, ext4 and files; the kernel takes it over to raid5"
@@ -152,7 +148,5 @@ run mount -t ext4 -o ro /dev/md1 $M
 verify_tree $M /tmp/b.md5
 verify_tree $M/more /tmp/b-more.md5
 run umount $M
-echo check > /sys/block/md1/md/sync_action
-md_wait_idle /dev/md1
-expect_eq "$(cat /sys/block/md1/md/mismatch_cnt)" 0 "B: md's check of raidnbd's raid1"
+md_check_clean /dev/md1 "B: md's check of raidnbd's raid1"
 run mdadm --stop /dev/md1

@@ -26,9 +26,7 @@ MD_SUM=$(dev_digest /dev/md0)
 MD_SIZE=$(size_bytes /dev/md0)
 
 step "parity check (sync_action=check)"
-echo check > /sys/block/md0/md/sync_action
-md_wait_idle /dev/md0
-expect_eq "$(cat /sys/block/md0/md/mismatch_cnt)" 0 "mismatch_cnt after check"
+md_check_clean /dev/md0 "mismatch_cnt after check"
 
 step "stop and re-assemble"
 run mdadm --stop /dev/md0
