@@ -17,14 +17,19 @@ use crate::util::*;
 const MEMBER_SIZE: &str = "64G";
 const CHUNK_BYTES: u64 = 512 << 10;
 
-/// `nbdinfo --map --json` of `uri`: (offset, length, NBD_STATE_* flags).
-fn map(uri: &str) -> Vec<(u64, u64, u64)> {
-    let out = run_ok(Command::new("nbdinfo").args(["--map", "--json", uri]));
-    let extents: Vec<Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("nbdinfo --map --json: {e}: {out}"));
+/// `nbdinfo --map=CONTEXT --json` of `uri`: (offset, length, flags).
+fn map_of(context: &str, uri: &str) -> Vec<(u64, u64, u64)> {
+    let out = run_ok(Command::new("nbdinfo").args([&format!("--map={context}"), "--json", uri]));
+    let extents: Vec<Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("nbdinfo --map: {e}: {out}"));
     extents
         .iter()
         .map(|e| (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap(), e["type"].as_u64().unwrap()))
         .collect()
+}
+
+/// `base:allocation` of `uri`: (offset, length, NBD_STATE_* flags).
+fn map(uri: &str) -> Vec<(u64, u64, u64)> {
+    map_of("base:allocation", uri)
 }
 
 /// Bytes of `file` on disk.
@@ -218,14 +223,9 @@ print("ok")
     served.stop();
 }
 
-/// `nbdinfo --map=raidnbd:sync --json` of `uri`: (offset, length, flags).
+/// `raidnbd:sync` of `uri`: (offset, length, flags).
 fn sync_map(uri: &str) -> Vec<(u64, u64, u64)> {
-    let out = run_ok(Command::new("nbdinfo").args(["--map=raidnbd:sync", "--json", uri]));
-    let extents: Vec<Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("nbdinfo --map: {e}: {out}"));
-    extents
-        .iter()
-        .map(|e| (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap(), e["type"].as_u64().unwrap()))
-        .collect()
+    map_of("raidnbd:sync", uri)
 }
 
 /// The meta context `raidnbd:sync` says what a rebuild or resync will touch: nothing on a
