@@ -147,7 +147,9 @@ pub enum CtlCommand {
         #[arg(value_parser = parse_size)]
         max: u64,
     },
-    /// Testing: make a member fail its reads, writes, all I/O, or none (serve --fault-injection).
+    /// Testing: make a member fail its reads, writes, all I/O, return or store wrong bytes
+    /// (corrupt-reads, corrupt-writes: one byte per 4 KiB inverted), or none
+    /// (serve --fault-injection).
     #[command(hide = true)]
     Fault { member: String, ops: String },
 }

@@ -11,7 +11,8 @@
 //!  {"command":"replace","member":"/old","path":"/abs/new"}
 //!  {"command":"check"} {"command":"repair"} {"command":"idle"}
 //!  {"command":"rebuild-speed","min":1000000,"max":200000000}
-//!  {"command":"fault","member":"/path","ops":"reads|writes|all|none"}   (serve --fault-injection only)
+//!  {"command":"fault","member":"/path","ops":"reads|writes|all|corrupt-reads|corrupt-writes|none"}
+//!                                                                     (serve --fault-injection only)
 //! ```
 //! Every request may name `"export"`; it can be left out when the server has one export.
 //! Every state change goes through the engine, which records it in the superblocks.
@@ -258,7 +259,9 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
                 "reads" => control.fail_after(FaultOps::Reads, 0),
                 "writes" => control.fail_after(FaultOps::Writes, 0),
                 "all" => control.fail_after(FaultOps::All, 0),
-                other => bail!("ops {other:?}: use reads, writes, all or none"),
+                "corrupt-reads" => control.corrupt_range(FaultOps::Reads, 0..u64::MAX),
+                "corrupt-writes" => control.corrupt_range(FaultOps::Writes, 0..u64::MAX),
+                other => bail!("ops {other:?}: use reads, writes, all, corrupt-reads, corrupt-writes or none"),
             }
         }
         other => bail!("unknown command {other:?}"),

@@ -244,3 +244,51 @@ fn a_failed_member_added_again_is_re_added_from_the_away_record_or_rebuilt() {
     served.stop();
     assert_ok(&raidnbd(d, &["check", "m0", "m1", "m2"]));
 }
+
+/// A member that stores wrong bytes without an error (`ctl fault M corrupt-writes`, one byte
+/// per 4 KiB): a RAID6 check names it for every mismatch it counts, repair rewrites that
+/// member (reads give the written bytes again) and a check after finds nothing; a RAID5 check
+/// counts the mismatch but cannot say which member is wrong.
+#[test]
+fn a_member_that_stores_wrong_bytes_is_named_by_a_raid6_check_and_repaired() {
+    require_tool("qemu-io", "qemu-utils");
+    for (level, members) in [("6", 5), ("5", 4)] {
+        let dir = tempdir();
+        let d = dir.path();
+        let names: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let create = ["create", "--level", level, "--chunk", "64K", "--size", "32M"];
+        assert_ok(&raidnbd(d, &[&create[..], &refs].concat()));
+        let socket = d.join("control.sock");
+        let served = Served::start(d, "a", &["--fault-injection", "--control", socket.to_str().unwrap()], &refs);
+        let uri = served.uri("a");
+        let liar = d.join("m2").canonicalize().unwrap().to_string_lossy().into_owned();
+        ctl(d, &socket, &["fault", &liar, "corrupt-writes"]);
+        run_ok(Command::new("qemu-io").args(["-f", "raw", &uri, "-c", "write -P 0x3c 0 4M"]));
+        ctl(d, &socket, &["fault", &liar, "none"]);
+
+        ctl(d, &socket, &["check"]);
+        ctl(d, &socket, &["wait"]);
+        let s = status(d, &socket);
+        assert!(s["last_check"]["mismatch_cnt"].as_u64().unwrap() > 0, "raid{level}: the check counts it: {s:#}");
+        let mismatches = s["mismatches"].as_array().unwrap();
+        assert!(!mismatches.is_empty(), "raid{level}: {s:#}");
+        if level == "5" {
+            assert!(mismatches.iter().all(|m| m["member"].is_null()), "raid5 cannot name the member: {s:#}");
+            served.stop();
+            continue;
+        }
+        assert!(
+            mismatches.iter().all(|m| m["member"].as_str().is_some_and(|n| n.ends_with("/m2"))),
+            "raid6 names m2 for every mismatch: {s:#}"
+        );
+        ctl(d, &socket, &["repair"]);
+        ctl(d, &socket, &["wait"]);
+        ctl(d, &socket, &["check"]);
+        ctl(d, &socket, &["wait"]);
+        let s = status(d, &socket);
+        assert_eq!(s["last_check"]["mismatch_cnt"], 0, "raid6: repaired: {s:#}");
+        run_ok(Command::new("qemu-io").args(["-f", "raw", &uri, "-c", "read -P 0x3c 0 4M"]));
+        served.stop();
+    }
+}

@@ -3,7 +3,8 @@
 //! decoration (raid-core's `decorator`): it decides, per operation, to delay and/or fail it.
 //!
 //! ```text
-//!  test ── Arc<FaultControl> ── fail_after / fail_range / fail_randomly / set_delay / disarm
+//!  test ── Arc<FaultControl> ── fail_after / fail_range / fail_randomly / set_delay /
+//!                 │                corrupt_range / disarm
 //!                 │ (shared)
 //!  engine ──► Faulty<M> ── delay ─► rule says fail? ── yes ─► Err(EIO), inner untouched
 //!                                                  └─ no ──► inner op
@@ -14,6 +15,9 @@
 //! the range; `flush` has no range and is only hit by count and probability rules.
 //! Injected errors are `io::Error::from_raw_os_error(EIO)`, like a real medium error.
 //! Probability rules use a seeded `StdRng`, so a failing run can be replayed exactly.
+//! Corruption rules fail nothing: reads in the range return, and writes store, bytes with
+//! one inverted per 4 KiB (`corrupt_range`), so the array meets a member that is wrong
+//! without saying so.
 
 use std::io;
 use std::ops::Range;
@@ -21,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use raid_core::AlignedBuf;
 use raid_core::decorator::{Decorated, Decoration, Gate, MemberOp, OpKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -56,7 +61,13 @@ struct Rules {
     ranges: Vec<(FaultOps, Range<u64>)>,
     random: Option<(FaultOps, f64, StdRng)>,
     delay: Duration,
+    /// Ops whose bytes are changed in these ranges (no error): reads return flipped bytes,
+    /// writes store them.
+    corrupt: Vec<(FaultOps, Range<u64>)>,
 }
+
+/// Every this many bytes of a corrupted range, one byte is flipped.
+const CORRUPT_STRIDE_BYTES: u64 = 4096;
 
 /// The runtime switchboard of one or more [`Faulty`] members.
 #[derive(Debug, Default)]
@@ -64,6 +75,7 @@ pub struct FaultControl {
     rules: Mutex<Rules>,
     ops_seen: AtomicU64,
     injected_failures: AtomicU64,
+    corrupted_bytes: AtomicU64,
 }
 
 impl FaultControl {
@@ -80,6 +92,38 @@ impl FaultControl {
     /// Matching ops overlapping `range_bytes` (member offsets) fail. Rules accumulate.
     pub fn fail_range(&self, ops: FaultOps, range_bytes: Range<u64>) {
         self.rules().ranges.push((ops, range_bytes));
+    }
+
+    /// Matching ops overlapping `range_bytes` succeed with wrong bytes: reads return, or
+    /// writes store, the byte at the start of every 4 KiB block (`CORRUPT_STRIDE_BYTES`) of the
+    /// overlap inverted (a member that lies without an error: bit rot, a buggy or hostile
+    /// member server). Rules accumulate; `disarm` clears them.
+    pub fn corrupt_range(&self, ops: FaultOps, range_bytes: Range<u64>) {
+        self.rules().corrupt.push((ops, range_bytes));
+    }
+
+    /// Bytes changed on purpose so far.
+    pub fn corrupted_bytes(&self) -> u64 {
+        self.corrupted_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Inverts the bytes `data` (at member offset `offset`) holds in the corrupt ranges for
+    /// `class`; whether any was.
+    fn corrupt(&self, class: OpClass, offset: u64, data: &mut [u8]) -> bool {
+        let end = offset + data.len() as u64;
+        let r = self.rules();
+        let mut changed = 0;
+        for (_, bad) in r.corrupt.iter().filter(|(ops, bad)| ops.matches(class) && offset < bad.end && bad.start < end)
+        {
+            let mut at = bad.start.max(offset).next_multiple_of(CORRUPT_STRIDE_BYTES);
+            while at < bad.end.min(end) {
+                data[(at - offset) as usize] ^= 0xff;
+                changed += 1;
+                at += CORRUPT_STRIDE_BYTES;
+            }
+        }
+        self.corrupted_bytes.fetch_add(changed, Ordering::Relaxed);
+        changed > 0
     }
 
     /// Each matching op fails with `probability` (0.0..=1.0), drawn from a RNG seeded with `seed`.
@@ -101,7 +145,11 @@ impl FaultControl {
     /// Whether any failure rule or delay is set.
     pub fn is_armed(&self) -> bool {
         let r = self.rules();
-        r.fail_after.is_some() || !r.ranges.is_empty() || r.random.is_some() || !r.delay.is_zero()
+        r.fail_after.is_some()
+            || !r.ranges.is_empty()
+            || r.random.is_some()
+            || !r.delay.is_zero()
+            || !r.corrupt.is_empty()
     }
 
     /// Operations seen by the members using this control (failed or not).
@@ -170,6 +218,22 @@ impl From<Arc<FaultControl>> for FaultGate {
 pub type Faulty<M> = Decorated<M, FaultGate>;
 
 impl Decoration for FaultGate {
+    fn alters_data(&self) -> bool {
+        true
+    }
+
+    fn after_read(&self, op: MemberOp, data: &mut [u8]) {
+        self.control.corrupt(OpClass::Read, op.offset_bytes, data);
+    }
+
+    fn stored_instead(&self, op: MemberOp, data: &[u8]) -> Option<AlignedBuf> {
+        if !self.control.rules().corrupt.iter().any(|(ops, _)| ops.matches(OpClass::Write)) {
+            return None;
+        }
+        let mut copy = AlignedBuf::from_slice(data);
+        self.control.corrupt(OpClass::Write, op.offset_bytes, copy.as_mut_slice()).then_some(copy)
+    }
+
     fn gate(&self, op: MemberOp) -> Gate<'_> {
         let (class, range) = match op.kind {
             OpKind::Read => (OpClass::Read, Some(op.offset_bytes..op.offset_bytes.saturating_add(op.len_bytes))),

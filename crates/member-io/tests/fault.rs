@@ -104,3 +104,32 @@ async fn one_control_governs_several_members() {
     assert!(is_eio(read(&a, 0, 512).await) && is_eio(read(&b, 0, 512).await));
     assert_eq!(control.ops_seen(), 2);
 }
+
+/// A corrupting member answers without an error: reads in the range come back with one byte
+/// per 4 KiB inverted, writes in the range store such bytes (the caller's buffer untouched),
+/// nothing outside the range changes, and disarming stops it (what was stored stays wrong).
+#[tokio::test]
+async fn corrupt_rules_return_and_store_wrong_bytes_without_an_error() {
+    let (m, control) = member();
+    let data = pattern(9, 32768);
+    write(&m, 0, &data, false).await.unwrap();
+    control.corrupt_range(FaultOps::Reads, 8192..16384);
+    let got = read(&m, 0, 32768).await.unwrap();
+    let differ: Vec<usize> = (0..got.len()).filter(|&i| got[i] != data[i]).collect();
+    assert_eq!(differ, vec![8192, 12288], "one inverted byte per 4 KiB block of the range");
+    assert!(m.inner().snapshot()[..32768] == data[..], "a corrupt read changes nothing stored");
+    control.disarm();
+    control.corrupt_range(FaultOps::Writes, 20480..24576);
+    let fresh = pattern(10, 8192);
+    let buf = raid_core::AlignedBuf::from_slice(&fresh);
+    let (res, back) = m.write_at(16384, buf, false).await;
+    res.unwrap();
+    assert!(back.as_slice() == &fresh[..], "the caller's buffer is not changed");
+    write(&m, 24576, &fresh[..4096], false).await.unwrap();
+    control.disarm();
+    let stored = m.inner().snapshot();
+    let differ: Vec<usize> =
+        (16384..28672).filter(|&i| stored[i] != [&fresh[..], &fresh[..4096]].concat()[i - 16384]).collect();
+    assert_eq!(differ, vec![20480], "the stored copy is wrong in the range only, and stays so");
+    assert_eq!(control.corrupted_bytes(), 3);
+}

@@ -7,7 +7,11 @@
 //! - a failed [`Gate`] fails the operation before it reaches the inner member, and the
 //!   buffer comes back untouched;
 //! - the in-place paths (`memory_file*`) are closed (`None`) unless the decoration opts in
-//!   with [`Decoration::in_place`]: a throttle or a fault injector must see every byte.
+//!   with [`Decoration::in_place`]: a throttle or a fault injector must see every byte;
+//! - a decoration may change the bytes a read returns ([`Decoration::after_read`]) or
+//!   store others than a write carries ([`Decoration::stored_instead`]): fault injection of
+//!   a member that is wrong without an error. The caller's buffers are never changed by a
+//!   write.
 
 use std::fs::File;
 use std::io;
@@ -72,6 +76,26 @@ pub trait Decoration: Send + Sync {
     /// Called when an operation that passed the gate has finished.
     fn finished(&self, op: MemberOp, started: Instant, ok: bool) {
         let _ = (op, started, ok);
+    }
+
+    /// Whether [`after_read`](Self::after_read) or [`stored_instead`](Self::stored_instead)
+    /// may act (the data path only goes through them then). `false` by default.
+    fn alters_data(&self) -> bool {
+        false
+    }
+
+    /// The bytes a successful read returned, before the engine sees them: a decoration may
+    /// change them (fault injection: a member that returns wrong bytes without an error).
+    /// Nothing by default.
+    fn after_read(&self, op: MemberOp, data: &mut [u8]) {
+        let _ = (op, data);
+    }
+
+    /// The bytes a write is about to store: `Some` stores these instead (fault injection: a
+    /// member that stores wrong bytes, as bit rot or a misdirected write). `None` by default.
+    fn stored_instead(&self, op: MemberOp, data: &[u8]) -> Option<AlignedBuf> {
+        let _ = (op, data);
+        None
     }
 
     /// Whether the in-place paths stay open through this decoration; `kind` is `Read` for
@@ -168,17 +192,45 @@ impl<M: Member, D: Decoration> Member for Decorated<M, D> {
 
     fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
         let op = MemberOp { kind: OpKind::Read, offset_bytes, len_bytes: buf.len() as u64 };
-        self.run_buf(op, buf, move |buf| self.inner.read_at(offset_bytes, buf))
+        if !self.decoration.alters_data() {
+            return self.run_buf(op, buf, move |buf| self.inner.read_at(offset_bytes, buf));
+        }
+        self.run_buf(op, buf, move |buf| {
+            Box::pin(async move {
+                let (result, mut buf) = self.inner.read_at(offset_bytes, buf).await;
+                if result.is_ok() {
+                    self.decoration.after_read(op, buf.as_mut_slice());
+                }
+                (result, buf)
+            })
+        })
     }
 
     fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
         let op = MemberOp { kind: OpKind::Write, offset_bytes, len_bytes: buf.len() as u64 };
-        self.run_buf(op, buf, move |buf| self.inner.write_at(offset_bytes, buf, fua))
+        if !self.decoration.alters_data() {
+            return self.run_buf(op, buf, move |buf| self.inner.write_at(offset_bytes, buf, fua));
+        }
+        self.run_buf(op, buf, move |buf| {
+            Box::pin(async move {
+                match self.decoration.stored_instead(op, buf.as_slice()) {
+                    // Other bytes go to the member; the caller gets its own buffer back.
+                    Some(instead) => (self.inner.write_at(offset_bytes, instead, fua).await.0, buf),
+                    None => self.inner.write_at(offset_bytes, buf, fua).await,
+                }
+            })
+        })
     }
 
     fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
         let op = MemberOp { kind: OpKind::Write, offset_bytes, len_bytes: data.len() as u64 };
-        self.run(op, move || self.inner.write_slice_at(offset_bytes, data, fua))
+        if !self.decoration.alters_data() {
+            return self.run(op, move || self.inner.write_slice_at(offset_bytes, data, fua));
+        }
+        self.run(op, move || match self.decoration.stored_instead(op, data) {
+            Some(instead) => Box::pin(async move { self.inner.write_at(offset_bytes, instead, fua).await.0 }),
+            None => self.inner.write_slice_at(offset_bytes, data, fua),
+        })
     }
 
     fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
