@@ -184,6 +184,11 @@ pub struct CreateArgs {
     /// of 4 GiB or more; resync otherwise.
     #[arg(long, value_name = "ppl|journal|bitmap|resync")]
     pub consistency_policy: Option<String>,
+    /// Per-block checksums: `crc32c` keeps one for every 4 KiB of every member (about 1/1024
+    /// of it, past md's data area, where mdadm and the kernel do not look). Every read is
+    /// verified; wrong bytes are served right from redundancy and healed on the member.
+    #[arg(long, value_name = "crc32c")]
+    pub integrity: Option<String>,
     /// Write-intent bitmap: `internal` (md's format; after a crash only recently written
     /// regions are resynced) or `none` (same as --consistency-policy bitmap / resync).
     #[arg(long, value_name = "internal|none")]
@@ -329,6 +334,11 @@ pub struct ServeArgs {
     /// one full-stripe write (no read-modify-write); 0 turns it off [default: 1000].
     #[arg(long, value_name = "MICROSECONDS")]
     pub write_gather_us: Option<u64>,
+    /// Start a background check (scrub) this often, e.g. `7d`: it reads every block of every
+    /// member, at the rebuild speed limits; with checksums it heals what it finds
+    /// [default: never].
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
+    pub scrub_interval: Option<std::time::Duration>,
     /// TLS: off, on (offered) or require (before anything else) [default: off].
     #[arg(long, value_enum, value_name = "MODE")]
     pub tls: Option<TlsMode>,

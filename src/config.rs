@@ -17,6 +17,7 @@
 //! idle_timeout = "10m"     # default: never
 //! stall_timeout = 60
 //! write_gather_us = 1000   # raid4/5/6: wait for the rest of a stripe; 0 = off
+//! scrub_interval = "7d"   # a background check this often (default: none)
 //! tls = "require"          # off | on | require (per export: on | require)
 //! tls_certificates = "/etc/raidnbd/pki"   # server-cert.pem, server-key.pem, ca-cert.pem
 //! tls_verify_peer = true
@@ -103,6 +104,7 @@ member_keys!(with_member_keys! {
         pub idle_timeout: Option<ConfigDuration>,
         pub stall_timeout: Option<ConfigDuration>,
         pub write_gather_us: Option<u64>,
+        pub scrub_interval: Option<ConfigDuration>,
     } {
         pub tls: Option<String>,
         pub tls_certificates: Option<PathBuf>,

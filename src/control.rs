@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result, anyhow, bail};
 use member_io::{FaultOps, LinkErrorKind, LinkStats};
 use raid_core::engine::{Array, MaintenanceWork, RecoveryTally, SizeTarget, SlotState};
+use raid_core::integrity::{self, IntegrityMember};
 use raid_core::{Member, SECTOR_BYTES};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -271,14 +272,28 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
 }
 
 /// Opens a new member for `export` the way its members were opened.
+/// A device joining an array whose members have checksums gets them too.
 async fn open_for_array(export: &ControlledExport, path: &str) -> Result<Arc<dyn Member>> {
-    open_member(path, &export.open_options).await
+    let member = open_member(path, &export.open_options).await?;
+    let roles = export.array.admin().role_status();
+    let Some(first_data_bytes) =
+        roles.iter().filter(|r| r.integrity.is_some()).filter_map(|r| r.data_offset_bytes).min()
+    else {
+        return Ok(member);
+    };
+    if member.integrity().is_some() {
+        return Ok(member); // a member coming back with its own
+    }
+    let checked = IntegrityMember::fresh(member, first_data_bytes / integrity::BLOCK_BYTES)
+        .with_context(|| format!("cannot keep checksums on {path}"))?;
+    Ok(Arc::new(checked))
 }
 
 fn status(export: &ControlledExport) -> Value {
     let array = &export.array;
     // One reading that never misses a spare taking a role (`ctl wait` would read that as idle).
     let (roles, spares) = array.admin().membership_status();
+    let corruption = array.maintenance().corruption();
     let spares: Vec<String> = spares.into_iter().map(|(n, _)| n).collect();
     let maintenance = array.maintenance().status();
     let failed = roles.iter().filter(|r| r.state != SlotState::InSync).count();
@@ -361,6 +376,19 @@ fn status(export: &ControlledExport) -> Value {
             "bad_sectors": array.admin().bad_blocks(r.role).sectors(),
             "read_latency_us": array.admin().read_latency(r.role).map(|l| l.as_micros() as u64),
             "replacement": r.replacement.as_ref().map(|(n, _, done)| json!({"member": n, "done_sectors": done})),
+            "integrity": r.integrity.map(|i| {
+                let c = corruption.get(r.role).copied().unwrap_or_default();
+                json!({
+                    "covered_bytes": i.covered_bytes,
+                    "verified_blocks": i.verified_blocks,
+                    "corrupt_blocks": i.corrupt_blocks,
+                    "restamped_blocks": i.restamped_blocks,
+                    "untrusted_bytes": i.untrusted_bytes,
+                    "reports": c.reports,
+                    "found_sectors": c.found_sectors,
+                    "healed_sectors": c.healed_sectors,
+                })
+            }),
         })).collect::<Vec<_>>(),
         "spares": spares,
         "work": work,

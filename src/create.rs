@@ -17,7 +17,7 @@ use raid_core::md::ppl::{PplHeader, ppl_signature};
 use raid_core::md::{
     self, BITMAP_OFFSET_SECTORS, Bitmap, CreateParams, FeatureMap, MdUuid, SUPERBLOCK_BYTE_OFFSET, bitmap_space_sectors,
 };
-use raid_core::{AlignedBuf, Member, SECTOR_BYTES};
+use raid_core::{AlignedBuf, Member, SECTOR_BYTES, integrity};
 
 use crate::cli::{CreateArgs, MemberIoArgs};
 use crate::open::{MemberOpenOptions, open_member};
@@ -71,8 +71,11 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         bail!("raid1 has no chunk size; drop --chunk");
     }
     let name = args.name.clone().unwrap_or_else(|| "raidnbd".to_string());
-    let options =
-        MemberOpenOptions { io: MemberIoArgs { buffered: true, ..default_io() }, ..MemberOpenOptions::default() };
+    let options = MemberOpenOptions {
+        io: MemberIoArgs { buffered: true, ..default_io() },
+        plain: true,
+        ..MemberOpenOptions::default()
+    };
 
     let mut slots: Vec<Option<(String, Arc<dyn Member>)>> = Vec::new();
     for (i, arg) in args.members.iter().enumerate() {
@@ -85,7 +88,14 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         }
         slots.push(Some((arg.clone(), open_new_member(arg, &args, &options).await?)));
     }
-    let members_bytes: Vec<Option<u64>> = slots.iter().map(|s| s.as_ref().map(|(_, m)| m.len_bytes())).collect();
+    match args.integrity.as_deref() {
+        None | Some("crc32c") => {}
+        Some(other) => bail!("--integrity {other}: the one algorithm is crc32c"),
+    }
+    // With checksums, md's data area ends before each member's checksum area.
+    let reserve = |len: u64| if args.integrity.is_some() { integrity::reserve_bytes(len) } else { 0 };
+    let members_bytes: Vec<Option<u64>> =
+        slots.iter().map(|s| s.as_ref().map(|(_, m)| m.len_bytes() - reserve(m.len_bytes()))).collect();
     let policy = choose_policy(&args, level)?;
     let journal = match &args.write_journal {
         Some(arg) => {
@@ -174,6 +184,12 @@ pub async fn run(args: CreateArgs) -> Result<()> {
         }
     }))
     .await?;
+    if args.integrity.is_some() {
+        try_join_all(slots.iter().flatten().map(|(path, member)| async move {
+            integrity::format(member.as_ref()).await.with_context(|| format!("cannot write the checksums of {path}"))
+        }))
+        .await?;
+    }
 
     println!(
         "created {level} array '{name}': {} members, {}, size {} ({} bytes), UUID {}",
@@ -203,6 +219,18 @@ pub async fn run(args: CreateArgs) -> Result<()> {
             println!("consistency policy: resync (after a crash the whole array resyncs)")
         }
         (None, _) => {}
+    }
+    if let Some((_, member)) = slots.iter().flatten().next().filter(|_| args.integrity.is_some()) {
+        println!(
+            "integrity: crc32c of every 4 KiB, {} per member after md's data area (mdadm and the kernel ignore it); \
+             reads are verified{}",
+            human_bytes(integrity::reserve_bytes(member.len_bytes())),
+            if geometry.max_failures() > 0 {
+                ", wrong bytes healed from redundancy"
+            } else {
+                " (no redundancy: wrong bytes fail the read)"
+            }
+        );
     }
     if matches!(level, Level::Raid4 | Level::Raid6) && policy != Policy::Journal {
         println!(

@@ -223,6 +223,21 @@ fn mdstat(exports: &Value) -> Option<String> {
                 ));
             }
         }
+        for r in roles {
+            let Some(i) = r["integrity"].as_object() else { continue };
+            out.push_str(&format!(
+                "      checksums of {}: {} blocks verified, {} wrong ({} reports, {} sectors healed){}\n",
+                r["member"].as_str().unwrap_or("-"),
+                i["verified_blocks"],
+                i["corrupt_blocks"],
+                i["reports"],
+                i["healed_sectors"],
+                match i["untrusted_bytes"].as_u64() {
+                    Some(n) if n > 0 => format!(", {} untrusted until read", human_bytes(n)),
+                    _ => String::new(),
+                }
+            ));
+        }
         for l in e["links"].as_array().into_iter().flatten() {
             out.push_str(&format!(
                 "      link {}: {}{}{} ({} lost, {} reconnects, {} timeouts, {} retries)\n",

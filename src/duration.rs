@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
+/// Parses `10s`, `500ms`, `2m`, `1h`, `7d`, `1.5s` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim().to_ascii_lowercase();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
@@ -15,10 +15,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => 0.001,
         "m" | "min" => 60.0,
         "h" => 3600.0,
-        other => return Err(format!("invalid duration '{text}': unknown unit '{other}' (use ms, s, m or h)")),
+        "d" => 86_400.0,
+        other => return Err(format!("invalid duration '{text}': unknown unit '{other}' (use ms, s, m, h or d)")),
     };
     let seconds = value * seconds_per_unit;
-    if !seconds.is_finite() || seconds > 86_400.0 * 7.0 {
+    if !seconds.is_finite() || seconds > 86_400.0 * 366.0 {
         return Err(format!("invalid duration '{text}': too long"));
     }
     Ok(Duration::from_secs_f64(seconds))

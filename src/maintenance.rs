@@ -1,7 +1,8 @@
 //! The background worker of one array: drives `Maintenance::step` (rebuild,
 //! replace, resync, check/repair), paced between a minimum and a maximum speed like md's
 //! `speed_limit_min/max` (defaults 1 MB/s and 200 MB/s): at full speed while clients are
-//! quiet, at the minimum while they are busy. Logs progress at info level.
+//! quiet, at the minimum while they are busy. Starts a check every `--scrub-interval` (the
+//! first one interval after the start). Logs progress at info level.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +12,7 @@ use raid_core::Member;
 use raid_core::engine::{Array, MaintenanceWork, Step};
 use tokio::sync::Notify;
 
+use crate::duration::format_duration;
 use crate::size::human_bytes;
 
 /// md's defaults, in bytes/s.
@@ -52,14 +54,14 @@ pub struct Worker {
 }
 
 /// Starts the worker task for `array` (runs until the process exits).
-pub fn spawn(array: Arc<Array<dyn Member>>, name: String) -> Worker {
+pub fn spawn(array: Arc<Array<dyn Member>>, name: String, scrub_interval: Option<Duration>) -> Worker {
     let limits = Arc::new(SpeedLimits::default());
     let progress = Arc::new(Progress::default());
     let wake = Arc::new(Notify::new());
     let notify = wake.clone();
     array.maintenance().set_waker(Arc::new(move || notify.notify_one()));
     let worker = Worker { limits: limits.clone(), progress: progress.clone(), wake: wake.clone() };
-    tokio::spawn(async move { run(array, name, limits, progress, wake).await });
+    tokio::spawn(async move { run(array, name, limits, progress, wake, scrub_interval).await });
     worker
 }
 
@@ -69,7 +71,9 @@ async fn run(
     limits: Arc<SpeedLimits>,
     progress: Arc<Progress>,
     wake: Arc<Notify>,
+    scrub_interval: Option<Duration>,
 ) {
+    let mut last_scrub = Instant::now();
     let mut window_start = Instant::now();
     let mut window_bytes = 0u64;
     let mut last_client_io = array.maintenance().client_io_bytes();
@@ -95,6 +99,18 @@ async fn run(
         };
         match step {
             Step::Idle => {
+                if let Some(interval) = scrub_interval
+                    && last_scrub.elapsed() >= interval
+                {
+                    last_scrub = Instant::now();
+                    match array.maintenance().start_scrub(false) {
+                        Ok(()) => {
+                            tracing::info!(export = %name, "scheduled check (every {})", format_duration(interval));
+                            continue;
+                        }
+                        Err(e) => tracing::warn!(export = %name, "scheduled check skipped: {e}"),
+                    }
+                }
                 progress.speed_bytes_per_sec.store(0, Ordering::Relaxed);
                 let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
                 window_start = Instant::now();

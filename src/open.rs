@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!  paths ─► open_member (io_uring / threads / inline, O_DIRECT) ─► optional Throttled ─► optional Faulty
+//!        ─► IntegrityMember when the member has checksums (create --integrity)
 //!        ─► optional MeteredMember (serve --metrics) ─► Arc<dyn Member>
 //!        ─► md::read_superblock_area ─► md::Candidate ─► md::assemble ─► md::start ─► engine::Array
 //! ```
@@ -17,6 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use member_io::{DirectMode, FaultControl, Faulty, NbdMember, OpenOptions, Throttle, ThrottleConfig, Throttled};
 use raid_core::Member;
 use raid_core::engine::Array;
+use raid_core::integrity::IntegrityMember;
 use raid_core::md::{self, Assembly, Candidate, MdUuid, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES, Superblock};
 
 use crate::cli::MemberIoArgs;
@@ -38,6 +40,8 @@ pub struct MemberOpenOptions {
     pub links: LinkRegistry,
     /// `--export-bw`: one bandwidth bucket for all of the export's members.
     pub shared_throttle: Option<member_io::SharedThrottle>,
+    /// Never verify checksums a member holds (`create`, which writes them anew).
+    pub plain: bool,
 }
 
 impl MemberOpenOptions {
@@ -108,6 +112,13 @@ pub async fn open_member(path: &str, options: &MemberOpenOptions) -> Result<Arc<
         let control = FaultControl::new();
         registry.lock().expect("fault registry").insert(name, control.clone());
         member = Arc::new(Faulty::new(member, control));
+    }
+    // Outside the fault injector, so the checksums see what it does to the bytes.
+    if !options.plain {
+        member = match IntegrityMember::open(member).await.with_context(|| format!("cannot open member {path}"))? {
+            Ok(checked) => Arc::new(checked),
+            Err(plain) => plain,
+        };
     }
     if let Some(metrics) = &options.metrics {
         member = metrics.meter_member(member);

@@ -26,6 +26,7 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
             name: Some(EXPORT.into()),
             force: false,
             consistency_policy: None,
+            integrity: None,
             write_journal: None,
             bitmap: None,
             bitmap_chunk: None,

@@ -71,6 +71,8 @@ struct Settings {
     on_event: Option<String>,
     /// Full-stripe gathering window for raid4/5/6 (zero: off).
     write_gather: Duration,
+    /// A background check this often.
+    scrub_interval: Option<Duration>,
     server: ServerConfig,
     tls: Option<nbd_server::Tls>,
     exports: Vec<ExportPlan>,
@@ -151,6 +153,7 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
         write_gather: Duration::from_micros(
             args.write_gather_us.or(file.write_gather_us).unwrap_or(DEFAULT_WRITE_GATHER_US).min(1_000_000),
         ),
+        scrub_interval: args.scrub_interval.or(file.scrub_interval.map(|d| d.0)),
         server: {
             let defaults = ServerConfig::default();
             let handshake = args.handshake_timeout.or(file.handshake_timeout.map(|d| d.0));
@@ -267,6 +270,9 @@ async fn start(settings: Settings) -> Result<Started> {
             crate::away_file::track(&opened.array, &settings.state_dir, &uuid, meta.events, !opened.assembly.dirty)
                 .await;
         }
+        if !read_only {
+            stamp_untrusted_checksums(&opened.array, &plan.name);
+        }
         if settings.cache == CacheMode::Writethrough {
             // (The write-back cache gathers stripes itself.)
             opened.array.enable_write_gathering(settings.write_gather, Arc::new(TokioTimer));
@@ -295,7 +301,7 @@ async fn start(settings: Settings) -> Result<Started> {
         exports.push(
             Export::new(plan.name.clone(), device).require_tls(plan.tls_required).tls_peers(plan.tls_peers.clone()),
         );
-        let worker = maintenance::spawn(opened.array.clone(), plan.name.clone());
+        let worker = maintenance::spawn(opened.array.clone(), plan.name.clone(), settings.scrub_interval);
         crate::rejoin::spawn(opened.array.clone(), plan.options.clone(), opened.returnable(), worker.wake.clone());
         watched.push(Watched { export: plan.name.clone(), array: opened.array.clone() });
         controlled.push(ControlledExport {
@@ -480,5 +486,24 @@ async fn write_back_loop(cache: Arc<WriteCache<dyn Member>>, export: String) {
                 }
             }
         }
+    }
+}
+
+/// Members whose checksums are untrusted (md wrote the array since raidnbd did, or an unclean
+/// stop without a resync to read them: a partial parity log) are read whole by a check,
+/// which stamps them again; a resync due first reads what it covers.
+fn stamp_untrusted_checksums(array: &raid_core::engine::Array<dyn raid_core::Member>, export: &str) {
+    let untrusted: u64 =
+        array.admin().role_status().iter().filter_map(|r| r.integrity).map(|i| i.untrusted_bytes).sum();
+    if untrusted == 0 || array.maintenance().status().resync_pending {
+        return;
+    }
+    match array.maintenance().start_scrub(false) {
+        Ok(()) => tracing::info!(
+            export,
+            untrusted_bytes = untrusted,
+            "checksums untrusted since the last stop: a check reads them and stamps them again"
+        ),
+        Err(e) => tracing::warn!(export, "checksums stay untrusted until read: {e}"),
     }
 }

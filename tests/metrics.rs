@@ -47,7 +47,7 @@ fn ctl(dir: &Path, socket: &Path, args: &[&str]) {
 }
 
 /// `GET /metrics` over a plain TCP connection; returns the body of a 200 answer.
-fn scrape(port: u16, openmetrics: bool) -> String {
+pub(crate) fn scrape(port: u16, openmetrics: bool) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics port");
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let accept = if openmetrics { "application/openmetrics-text;version=1.0.0" } else { "text/plain" };

@@ -10,6 +10,7 @@ mod ctl_rebuild;
 mod fairness;
 mod grow;
 mod hostile_server;
+mod integrity;
 mod io_shape;
 mod journal;
 mod level;

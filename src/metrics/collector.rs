@@ -54,6 +54,7 @@ struct ArraySample {
     size_bytes: u64,
     maintenance: MaintenanceStatus,
     dirty_bitmap_chunks: Option<u64>,
+    corruption: Vec<raid_core::engine::CorruptionCounts>,
 }
 
 /// One member at scrape time, with its labels.
@@ -133,6 +134,7 @@ impl ScrapeCollector {
                     size_bytes: array.size_bytes(),
                     maintenance: array.maintenance().status(),
                     dirty_bitmap_chunks: array.maintenance().dirty_bitmap_chunks(),
+                    corruption: array.maintenance().corruption(),
                 };
                 for r in &sample.roles {
                     if let Some(name) = &r.name {
@@ -447,6 +449,43 @@ impl Collector for ScrapeCollector {
             "md's mismatch_cnt: sectors found inconsistent by the running or last check/repair.",
             MetricType::Gauge,
             arrays.iter().map(|a| (export_label(&a.export), gauge(a.mismatch_sectors()))),
+        )?;
+        // Roles whose member has checksums (create --integrity).
+        let checked = || {
+            arrays.iter().flat_map(|a| {
+                a.roles.iter().filter_map(move |r| {
+                    let found = a.corruption.get(r.role).copied().unwrap_or_default();
+                    r.integrity.map(|i| ([("export", a.export.clone()), ("role", r.role.to_string())], i, found))
+                })
+            })
+        };
+        family(
+            enc,
+            "array_role_verified_blocks",
+            "4 KiB blocks read from the role's member and found to match their checksums.",
+            MetricType::Counter,
+            checked().map(|(l, i, _)| (l, counter(i.verified_blocks))),
+        )?;
+        family(
+            enc,
+            "array_role_corrupt_blocks",
+            "4 KiB blocks read from the role's member that did not match their checksums (silent corruption).",
+            MetricType::Counter,
+            checked().map(|(l, i, _)| (l, counter(i.corrupt_blocks))),
+        )?;
+        family(
+            enc,
+            "array_role_healed_sectors",
+            "Sectors of the role's member rewritten from redundancy after it returned wrong bytes.",
+            MetricType::Counter,
+            checked().map(|(l, _, c)| (l, counter(c.healed_sectors))),
+        )?;
+        family(
+            enc,
+            "array_role_untrusted_bytes",
+            "Bytes of the role's member whose checksums are stamped again when next read (after an unclean stop).",
+            MetricType::Gauge,
+            checked().map(|(l, i, _)| (l, gauge(i.untrusted_bytes))),
         )?;
         family(
             enc,

@@ -275,6 +275,10 @@ impl<M: Member, D: Decoration> Member for Decorated<M, D> {
     fn retire(&self, why: &str) {
         self.inner.retire(why)
     }
+
+    fn integrity(&self) -> Option<crate::integrity::IntegrityReport> {
+        self.inner.integrity()
+    }
 }
 
 #[cfg(test)]

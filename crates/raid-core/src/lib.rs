@@ -33,6 +33,7 @@ pub mod decorator;
 pub mod engine;
 pub mod error;
 pub mod geometry;
+pub mod integrity;
 pub mod journal;
 pub mod md;
 pub mod member;

@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::allocation::{Allocation, push_merged};
 use crate::buf::AlignedBuf;
+use crate::integrity::IntegrityReport;
 
 /// A boxed, sendable future returned by member operations.
 pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -138,6 +139,14 @@ pub trait Member: Send + Sync {
     fn retire(&self, why: &str) {
         let _ = why;
     }
+
+    /// What the member's checksums found, if it has them ([`IntegrityMember`]). `None` by
+    /// default; wrappers pass it on.
+    ///
+    /// [`IntegrityMember`]: crate::integrity::IntegrityMember
+    fn integrity(&self) -> Option<IntegrityReport> {
+        None
+    }
 }
 
 impl<M: Member + ?Sized> Member for Arc<M> {
@@ -188,6 +197,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     }
     fn retire(&self, why: &str) {
         (**self).retire(why)
+    }
+    fn integrity(&self) -> Option<IntegrityReport> {
+        (**self).integrity()
     }
 }
 

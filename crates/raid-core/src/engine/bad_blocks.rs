@@ -52,7 +52,7 @@ impl<M: Member + ?Sized> Array<M> {
         };
         if let Err(e) = recorded {
             let io = std::io::Error::other(format!("cannot record bad blocks: {e}"));
-            self.member_failed(role, &io, "bad-block log").await;
+            self.member_faulted(role, &io, "bad-block log").await;
             return Err(RaidError::new(
                 ErrorKind::Io,
                 format!(

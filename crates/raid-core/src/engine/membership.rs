@@ -145,6 +145,8 @@ impl<M: Member + ?Sized> Membership<M> {
                     }),
                     failures,
                     last_failed,
+                    integrity: s.device().and_then(|d| d.member.integrity()),
+                    data_offset_bytes: s.device().map(|d| d.data_offset_bytes),
                 }
             })
             .collect()
@@ -178,6 +180,15 @@ impl<M: Member + ?Sized> Array<M> {
     /// Records that a member I/O failed: marks it faulty (redundant levels) and makes
     /// that durable before returning.
     pub(super) async fn member_failed(&self, role: usize, error: &stdio::Error, what: &str) {
+        if let Some(corruption) = crate::integrity::corruption_of(error) {
+            // Wrong bytes, not a failure: read around them and heal (heal.rs).
+            return self.member_corrupt(role, &corruption.clone()).await;
+        }
+        self.member_faulted(role, error, what).await
+    }
+
+    /// [`member_failed`](Self::member_failed) for an error that is a failure.
+    pub(super) async fn member_faulted(&self, role: usize, error: &stdio::Error, what: &str) {
         let name = self.members.slots()[role].name().unwrap_or_else(|| "?".into());
         if !self.has_redundancy() {
             tracing::error!(member = name, role, %error, "{what} failed");

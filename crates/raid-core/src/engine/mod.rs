@@ -40,6 +40,7 @@ mod bad_blocks;
 mod block_status;
 mod builder;
 mod gather;
+mod heal;
 mod intent;
 mod io;
 mod lock_table;
@@ -73,6 +74,7 @@ pub use admin::Admin;
 pub use away::{AwayImage, AwayStart, AwayStatus, AwayStore};
 pub use builder::ArrayBuilder;
 pub use gather::Timer;
+pub use heal::{CorruptionCounts, MAX_CORRUPTIONS};
 pub use lock_table::{LockGuard, LockTable};
 pub use maintenance::{
     MISMATCH_LOG_LIMIT, Maintenance, MaintenanceStatus, MaintenanceWork, Mismatch, RecoveryTally, ScrubCounts, Step,
@@ -148,6 +150,10 @@ pub struct RoleStatus {
     /// Devices of this role that failed so far, and the name of the last one.
     pub failures: u64,
     pub last_failed: Option<String>,
+    /// What the device's checksums found, if it has them.
+    pub integrity: Option<crate::integrity::IntegrityReport>,
+    /// Where the device's data starts (md's data offset, moved by a reshape).
+    pub data_offset_bytes: Option<u64>,
 }
 
 /// A running RAID array over members of type `M` (often `dyn Member`).

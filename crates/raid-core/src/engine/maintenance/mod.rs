@@ -45,6 +45,8 @@ pub enum MaintenanceWork {
     Repair,
     /// Moving the data into a new geometry (reshape.rs).
     Reshape,
+    /// Rewriting blocks a member returned wrong from redundancy (heal.rs).
+    Heal,
 }
 
 impl MaintenanceWork {
@@ -56,6 +58,7 @@ impl MaintenanceWork {
             MaintenanceWork::Check => "check",
             MaintenanceWork::Repair => "repair",
             MaintenanceWork::Reshape => "reshape",
+            MaintenanceWork::Heal => "heal",
         }
     }
 }
@@ -126,6 +129,8 @@ pub(super) struct Inner {
     /// What the current (or last) scrub found, bounded (scrub.rs).
     pub(super) mismatches: Vec<Mismatch>,
     pub(super) waker: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Silent corruption met: ranges to heal, counts (heal.rs).
+    pub(super) heal: super::heal::HealState,
 }
 
 pub(crate) struct MaintenanceState {
@@ -145,6 +150,7 @@ impl MaintenanceState {
                 last_recovery: None,
                 mismatches: Vec::new(),
                 waker: None,
+                heal: Default::default(),
             }),
         }
     }
@@ -197,7 +203,7 @@ impl<M: Member + ?Sized> Maintenance<'_, M> {
             Some(MaintenanceWork::Check | MaintenanceWork::Repair) => {
                 (m.scrub.as_ref().map_or(0, |s| s.next_unit), self.scrub_units())
             }
-            None => (0, 0),
+            Some(MaintenanceWork::Heal) | None => (0, 0),
         };
         MaintenanceStatus {
             current: m.current,
@@ -257,6 +263,9 @@ impl<M: Member + ?Sized> Maintenance<'_, M> {
         }
         // Counted in the shape while it runs: a reshape starting waits for it.
         let _entered = self.array.shape.enter(0, 0).await?;
+        if let Some(step) = self.array.heal_step().await? {
+            return Ok(step);
+        }
         if let Some(step) = self.array.assign_spare().await? {
             return Ok(step);
         }
@@ -314,6 +323,11 @@ impl<M: Member + ?Sized> Maintenance<'_, M> {
     /// Bitmap chunks currently marked dirty (`None` without a bitmap).
     /// The mismatches the current or last scrub found (the first [`MISMATCH_LOG_LIMIT`]), with
     /// the member that is wrong where redundancy could tell.
+    /// Silent corruption met per role so far (heal.rs): reports, sectors found, sectors healed.
+    pub fn corruption(&self) -> Vec<super::heal::CorruptionCounts> {
+        self.array.maintenance.lock().heal.counts()
+    }
+
     pub fn mismatches(&self) -> Vec<Mismatch> {
         self.array.maintenance.lock().mismatches.clone()
     }
@@ -342,6 +356,13 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(RaidError::new(
                 ErrorKind::Refused,
                 format!("a reshape is running: {what} when it ends (raidnbd ctl wait)"),
+            ));
+        }
+        if self.members.slots().iter().any(|s| s.device().is_some_and(|d| d.member.integrity().is_some())) {
+            // Checksum areas start where md's data area ends, and stamp blocks where they lie.
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                format!("{what} is not supported on an array with checksums (create --integrity) yet"),
             ));
         }
         let status = self.maintenance().status();

@@ -377,7 +377,7 @@ impl<M: Member + ?Sized> Array<M> {
         target.member.discard(at, sectors * SECTOR_BYTES).await.is_ok()
     }
 
-    async fn rebuild_mirror_piece(
+    pub(in crate::engine) async fn rebuild_mirror_piece(
         &self,
         role: usize,
         member_sector: u64,

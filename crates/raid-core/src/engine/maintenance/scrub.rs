@@ -34,6 +34,10 @@ pub(crate) const MIRROR_UNIT_SECTORS: u64 = 2048;
 /// Mismatches kept per scrub (the first ones; the counts have them all).
 pub const MISMATCH_LOG_LIMIT: usize = 256;
 
+/// Times a stripe is read again after members reported wrong bytes in it (each time they
+/// are marked and read around).
+const MAX_CORRUPT_RETRIES: usize = 4;
+
 /// One mismatch a scrub found, and the member whose bytes are wrong when redundancy can
 /// tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,16 +273,32 @@ impl<M: Member + ?Sized> Array<M> {
         while sector < end {
             let mapped = layout.map(sector);
             let run = mapped.len_sectors.min(end - sector).min(MIRROR_BLOCK_SECTORS - sector % MIRROR_BLOCK_SECTORS);
-            let reads = join_all(mapped.copies.iter().map(|c| self.read_member(c.role, c.member_sector, run))).await;
+            // Copies marked bad there (being healed) are left out; one that reports wrong
+            // bytes now is marked and left out too.
+            let mut copies = mapped.copies.clone();
+            copies.retain(|c| !self.members.slots()[c.role].has_bad_in(c.member_sector, run));
+            let reads = join_all(copies.iter().map(|c| self.read_member(c.role, c.member_sector, run))).await;
             let mut bufs = Vec::with_capacity(reads.len());
-            for (c, res) in mapped.copies.iter().zip(reads) {
+            let mut kept = Vec::with_capacity(reads.len());
+            for (c, res) in copies.iter().zip(reads) {
                 match res {
-                    Ok(b) => bufs.push(b),
+                    Ok(b) => {
+                        bufs.push(b);
+                        kept.push(*c);
+                    }
                     Err(e) => {
                         self.member_failed(c.role, &e, "check read").await;
-                        return Err(RaidError::io(format!("check of array sector {sector} failed"), e));
+                        if crate::integrity::corruption_of(&e).is_none() {
+                            return Err(RaidError::io(format!("check of array sector {sector} failed"), e));
+                        }
                     }
                 }
+            }
+            let mut mapped = mapped;
+            mapped.copies = kept;
+            if bufs.len() < 2 {
+                sector += run;
+                continue;
             }
             // Three copies or more: a strict majority names the wrong ones; else the first
             // copy is the reference (md).
@@ -333,17 +353,57 @@ impl<M: Member + ?Sized> Array<M> {
         }
     }
 
+    /// Reads `roles` at `member_sector`; blocks marked bad read as zeros (the caller skips
+    /// their pages). A member that reports wrong bytes has them marked (heal.rs) and is read
+    /// again around them.
     async fn read_all(&self, roles: &[usize], member_sector: u64, sectors: u64) -> Result<Vec<AlignedBuf>> {
-        let results = join_all(roles.iter().map(|&r| self.read_member(r, member_sector, sectors))).await;
-        let mut out = Vec::with_capacity(roles.len());
-        for (&role, res) in roles.iter().zip(results) {
-            match res {
-                Ok(b) => out.push(b),
-                Err(e) => {
-                    self.member_failed(role, &e, "check read").await;
-                    return Err(RaidError::io(format!("check read of role {role} failed"), e));
+        'attempt: for _attempt in 0..=MAX_CORRUPT_RETRIES {
+            let results = join_all(roles.iter().map(|&r| self.read_around_bad(r, member_sector, sectors))).await;
+            let mut out = Vec::with_capacity(roles.len());
+            let mut corrupt = false;
+            for (&role, res) in roles.iter().zip(results) {
+                match res {
+                    Ok(b) => out.push(b),
+                    Err(e) => {
+                        self.member_failed(role, &e, "check read").await;
+                        if crate::integrity::corruption_of(&e).is_none() || !self.has_redundancy() {
+                            return Err(RaidError::io(format!("check read of role {role} failed"), e));
+                        }
+                        corrupt = true;
+                    }
                 }
             }
+            if corrupt {
+                continue 'attempt;
+            }
+            return Ok(out);
+        }
+        Err(RaidError::new(
+            ErrorKind::Io,
+            format!("check read at member sector {member_sector}: members kept returning wrong bytes"),
+        ))
+    }
+
+    /// Reads `[member_sector, +sectors)` of `role`, zeros where it is marked bad.
+    async fn read_around_bad(&self, role: usize, member_sector: u64, sectors: u64) -> std::io::Result<AlignedBuf> {
+        let slot = &self.members.slots()[role];
+        if !slot.has_bad_in(member_sector, sectors) {
+            return self.read_member(role, member_sector, sectors).await;
+        }
+        let mut out = AlignedBuf::zeroed((sectors * SECTOR_BYTES) as usize);
+        let bad = slot.bad();
+        let end = member_sector + sectors;
+        let mut cuts: Vec<u64> = vec![member_sector];
+        cuts.extend(bad.cuts(member_sector, end));
+        cuts.push(end);
+        for w in cuts.windows(2) {
+            let (at, n) = (w[0], w[1] - w[0]);
+            if bad.overlaps(at, n) {
+                continue;
+            }
+            let buf = self.read_member(role, at, n).await?;
+            out.as_mut_slice()[((at - member_sector) * SECTOR_BYTES) as usize..][..buf.len()]
+                .copy_from_slice(buf.as_slice());
         }
         Ok(out)
     }
