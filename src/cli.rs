@@ -396,7 +396,7 @@ pub struct GrowOptions {
         short,
         long = "add",
         value_name = "MEMBER",
-        required_unless_present_any = ["size", "level", "layout", "chunk"],
+        required_unless_present_any = ["size", "level", "layout", "chunk", "integrity"],
         conflicts_with = "size"
     )]
     pub add: Vec<String>,
@@ -418,6 +418,11 @@ pub struct GrowOptions {
     /// new space is resynced in the background, a smaller size gives the end back.
     #[arg(short = 'z', long, value_name = "max|SIZE", conflicts_with = "raid_devices")]
     pub size: Option<String>,
+    /// Add per-block checksums (`crc32c`, as `create --integrity`) to an array at rest whose
+    /// members have room for them after md's data area (about 1/1024 of each: members that
+    /// grew since). Not with `ctl grow`.
+    #[arg(long, value_name = "crc32c", conflicts_with_all = ["size", "level", "layout", "chunk", "raid_devices", "add"])]
+    pub integrity: Option<String>,
 }
 
 #[derive(Args, Debug)]

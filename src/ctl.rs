@@ -104,6 +104,9 @@ pub async fn run(args: CtlArgs) -> Result<ExitCode> {
         CtlCommand::Replace { member, path } => {
             json!({ "command": "replace", "member": member_name(member), "path": absolute(path)? })
         }
+        CtlCommand::Grow(g) if g.integrity.is_some() => {
+            bail!("checksums are added to an array at rest: stop it, then raidnbd grow --integrity crc32c MEMBER...")
+        }
         CtlCommand::Grow(g) => match &g.size {
             None if g.level.is_some() => json!({
                 "command": "grow",

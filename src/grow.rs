@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Result, anyhow, bail};
-use raid_core::Member;
 use raid_core::SECTOR_BYTES;
 use raid_core::engine::{Array, LevelChanged, MaintenanceWork, Resized, SizeTarget, Step};
 use raid_core::geometry::Level;
+use raid_core::{Member, integrity};
 use serde_json::{Value, json};
 
 use crate::cli::{GrowArgs, MemberIoArgs};
@@ -109,6 +109,9 @@ pub fn resized_line(reply: &Value) -> Option<String> {
 }
 
 pub async fn run(args: GrowArgs) -> Result<()> {
+    if let Some(algorithm) = &args.grow.integrity {
+        return add_integrity(&args.members, algorithm).await;
+    }
     let options = MemberOpenOptions { io: MemberIoArgs::default(), ..MemberOpenOptions::default() };
     let opened = open_array(&args.members, &options, false, false).await?;
     let array = opened.array;
@@ -189,6 +192,52 @@ pub async fn run(args: GrowArgs) -> Result<()> {
         array.geometry().raid_disks(),
         human_bytes(array.size_bytes()),
         started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `raidnbd grow --integrity crc32c MEMBERS`: checksum areas written after md's data area of
+/// every member of an array at rest (all of them there), stamped from what the members hold.
+async fn add_integrity(paths: &[String], algorithm: &str) -> Result<()> {
+    if algorithm != "crc32c" {
+        bail!("--integrity {algorithm}: the one algorithm is crc32c");
+    }
+    let options = MemberOpenOptions { io: MemberIoArgs::default(), ..MemberOpenOptions::default() };
+    let opened = open_array(paths, &options, false, true).await?;
+    let name = opened.assembly.metadata.name();
+    if opened.array.admin().role_status().iter().any(|r| r.integrity.is_some()) {
+        bail!("{name} has checksums already");
+    }
+    if opened.array.shape().reshape().is_some() {
+        bail!("{name} is being reshaped: serve it until the reshape ends, then add checksums");
+    }
+    opened.array.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+    drop(opened);
+    let plain = MemberOpenOptions { plain: true, ..options };
+    let mut members = Vec::with_capacity(paths.len());
+    for path in paths {
+        let member = open_member(path, &plain).await?;
+        let sb = raid_core::md::Superblock::decode(&crate::open::read_superblock_area(member.as_ref()).await?)
+            .map_err(|e| anyhow!("{path}: {e}"))?;
+        let data_end = (sb.data_offset + sb.data_size) * SECTOR_BYTES;
+        let area = integrity::IntegrityArea::after(data_end);
+        if !area.fits(member.len_bytes()) {
+            let needed = area.table_offset_bytes() + area.table_bytes() - data_end;
+            bail!(
+                "{path}: no room for checksums: md's data area ends at byte {data_end} and they need {} after it; the \
+                 member has {} (use larger members, or create the array with --integrity)",
+                human_bytes(needed),
+                human_bytes(member.len_bytes().saturating_sub(data_end))
+            );
+        }
+        members.push((path, member));
+    }
+    for (path, member) in &members {
+        integrity::format(member.as_ref()).await.map_err(|e| anyhow!("{path}: cannot write checksums: {e}"))?;
+    }
+    println!(
+        "{name}: crc32c checksums of every 4 KiB written on {} members; reads are verified from the next serve",
+        members.len()
     );
     Ok(())
 }

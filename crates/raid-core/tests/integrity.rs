@@ -20,7 +20,11 @@ const MEMBER_BYTES: u64 = 8 << 20;
 
 /// Members holding a new array of `level` with checksum areas.
 fn create(level: Level, disks: usize) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(MEMBER_BYTES - reserve_bytes(MEMBER_BYTES)); disks];
+    create_sized(level, disks, MEMBER_BYTES)
+}
+
+fn create_sized(level: Level, disks: usize, member_bytes: u64) -> Vec<Arc<MemoryMember>> {
+    let sizes = vec![Some(member_bytes - reserve_bytes(member_bytes)); disks];
     let params = CreateParams {
         level,
         layout: None,
@@ -40,7 +44,7 @@ fn create(level: Level, disks: usize) -> Vec<Arc<MemoryMember>> {
     .expect("create");
     (0..disks)
         .map(|i| {
-            let m = Arc::new(MemoryMember::new(format!("m{i}"), MEMBER_BYTES));
+            let m = Arc::new(MemoryMember::new(format!("m{i}"), member_bytes));
             let image = meta.superblock_for(i).encode();
             block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
             block_on(integrity::format(m.as_ref())).expect("format");
@@ -221,4 +225,11 @@ fn a_spare_rebuilt_into_the_array_gets_checksums_that_survive_a_restart() {
     run_to_idle(&s.array);
     assert!(reports(&s.array)[2].0 >= 1, "the rebuilt member's checksums caught it: {:?}", reports(&s.array));
     assert_eq!(mismatches(&s.array), 0);
+}
+
+#[test]
+fn the_member_conformance_suite_passes_over_checksums() {
+    let members = create_sized(Level::Raid1, 2, 24 << 20);
+    let checked = block_on(IntegrityMember::open(members[0].clone())).unwrap().ok().expect("a checksum area");
+    block_on(raid_core::conformance::run_all(Arc::new(checked), raid_core::conformance::InFlight::Synchronous));
 }

@@ -30,9 +30,11 @@ mod area;
 mod block_locks;
 mod corruption;
 mod member;
+mod on_disk;
 mod table;
 
 pub use area::{ALGORITHM_CRC32C, BLOCK_BYTES, Header, IntegrityArea, reserve_bytes};
 pub use corruption::{Corruption, corruption_of};
-pub use member::{IntegrityMember, IntegrityReport, format};
+pub use member::{IntegrityMember, IntegrityReport};
+pub use on_disk::format;
 pub use table::stamp;
