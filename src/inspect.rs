@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use raid_core::SECTOR_BYTES;
 use raid_core::geometry::{Geometry, Level};
+use raid_core::integrity::IntegrityReport;
 use raid_core::md::{self, ArrayMetadata, Assembly, Candidate, FeatureMap, Superblock};
 use serde_json::{Value, json};
 
@@ -23,16 +24,25 @@ fn read_only_options() -> MemberOpenOptions {
     }
 }
 
-/// Reads and decodes the superblock of every path (errors kept per member).
-async fn candidates(paths: &[String]) -> Result<Vec<Candidate>> {
+/// Reads and decodes the superblock of every path (errors kept per member), and whether
+/// the member has checksums (`create --integrity`).
+async fn candidates(paths: &[String]) -> Result<Vec<(Candidate, Option<IntegrityReport>)>> {
     let options = read_only_options();
     let mut out = Vec::new();
     for path in paths {
         let member = open_member(path, &options).await?;
         let area = read_superblock_area(member.as_ref()).await?;
-        out.push(Candidate::from_bytes(path.clone(), member.len_bytes(), &area));
+        out.push((Candidate::from_bytes(path.clone(), member.len_bytes(), &area), member.integrity()));
     }
     Ok(out)
+}
+
+/// What `examine` says of a member's checksums.
+fn checksums_json(report: Option<IntegrityReport>) -> Value {
+    report.map_or(
+        Value::Null,
+        |r| json!({ "algorithm": "crc32c", "block_bytes": 4096, "covered_bytes": r.covered_bytes }),
+    )
 }
 
 fn level_name(level: Level) -> String {
@@ -174,13 +184,23 @@ pub async fn examine(args: InspectArgs) -> Result<()> {
     let candidates = candidates(&args.members).await?;
     let mut json_out = Vec::new();
     let mut bad = Vec::new();
-    for c in &candidates {
+    for (c, checksums) in &candidates {
         match &c.superblock {
             Ok(sb) => {
                 if args.json {
-                    json_out.push(examine_json(&c.name, sb, c.device_bytes));
+                    let mut e = examine_json(&c.name, sb, c.device_bytes);
+                    e["checksums"] = checksums_json(*checksums);
+                    json_out.push(e);
                 } else {
-                    println!("{}", examine_text(&c.name, sb));
+                    let mut text = examine_text(&c.name, sb);
+                    if let Some(r) = checksums {
+                        text.push_str(&format!(
+                            "{:>15} : crc32c of every 4 KiB, {} covered (raidnbd; md ignores them)\n",
+                            "Checksums",
+                            human_bytes(r.covered_bytes)
+                        ));
+                    }
+                    println!("{text}");
                 }
             }
             Err(e) => {
@@ -293,7 +313,9 @@ pub async fn detail(args: DetailArgs) -> Result<ExitCode> {
 }
 
 async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
-    let candidates = candidates(&args.members).await?;
+    let (candidates, checksums): (Vec<Candidate>, Vec<Option<IntegrityReport>>) =
+        candidates(&args.members).await?.into_iter().unzip();
+    let with_checksums = checksums.iter().filter(|c| c.is_some()).count();
     let assembly = md::assemble(&candidates).map_err(anyhow::Error::new)?;
     let meta = &assembly.metadata;
     let data_sizes: Vec<u64> = (0..meta.raid_disks as usize)
@@ -305,7 +327,9 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
         .collect();
     let geometry = geometry_of(meta, &data_sizes);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&detail_json(&assembly, &candidates, geometry.as_ref()))?);
+        let mut detail = detail_json(&assembly, &candidates, geometry.as_ref());
+        detail["members_with_checksums"] = json!(with_checksums);
+        println!("{}", serde_json::to_string_pretty(&detail)?);
         return Ok(assembly);
     }
     let mut t = String::new();
@@ -333,6 +357,12 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
         line("Layout", describe_layout(g));
     }
     line("Consistency Policy", consistency_policy(meta).into());
+    if with_checksums > 0 {
+        line(
+            "Checksums",
+            format!("crc32c of every 4 KiB on {with_checksums} of {} members (raidnbd)", candidates.len()),
+        );
+    }
     if let Ok(Some(r)) = meta.reshape_state() {
         let done = r.position_sectors * SECTOR_BYTES;
         line("Reshape Status", format!("{} of the new layout written", human_bytes(done)));

@@ -217,6 +217,10 @@ fn checksums_are_added_to_an_array_whose_members_grew() {
     let served = Served::start(d, "a", &[], &members);
     run_ok(Command::new("qemu-io").args(["-f", "raw", &served.uri("a"), "-c", "write -P 0x5d 0 16M"]));
     served.stop();
+    let examine = |m: &str| -> Value {
+        serde_json::from_str::<Value>(&assert_ok(&raidnbd(d, &["examine", "--json", m]))).unwrap()[0].clone()
+    };
+    assert!(examine("m0")["checksums"].is_null());
     let grow = [&["grow", "--integrity", "crc32c"][..], &members].concat();
     assert_user_error(&raidnbd(d, &grow), "no room for checksums");
     for m in members {
@@ -224,6 +228,9 @@ fn checksums_are_added_to_an_array_whose_members_grew() {
     }
     let out = assert_ok(&raidnbd(d, &grow));
     assert!(out.contains("checksums of every 4 KiB written on 4 members"), "{out}");
+    assert_eq!(examine("m3")["checksums"]["algorithm"], "crc32c");
+    let detail = assert_ok(&raidnbd(d, &[&["detail"][..], &members].concat()));
+    assert!(detail.contains("crc32c of every 4 KiB on 4 of 4 members"), "{detail}");
     let offset = data_offset_bytes(d, "m2");
     let file = std::fs::OpenOptions::new().write(true).open(d.join("m2")).unwrap();
     file.write_all_at(&[0xff; 16], offset + (2 << 20) + 8).unwrap();

@@ -6,10 +6,10 @@
 # with/without; the pairs alternate, ROUNDS times, and the ratio is of the sums.
 #
 #   deploy/bench/integrity-cost.sh [RAIDNBD]        # default: target/release/raidnbd
-#   SIZE=256M SECONDS=8 ROUNDS=3 deploy/bench/integrity-cost.sh
+#   SIZE=256M RUNTIME=8 ROUNDS=3 deploy/bench/integrity-cost.sh
 set -euo pipefail
 BIN=$(readlink -f "${1:-target/release/raidnbd}")
-SIZE=${SIZE:-256M} SECONDS_EACH=${SECONDS:-8} ROUNDS=${ROUNDS:-3}
+SIZE=${SIZE:-256M} SECONDS_EACH=${RUNTIME:-8} ROUNDS=${ROUNDS:-3}
 BASE_PORT=${PORT:-10970}
 PIDS=()
 DIRS=()
@@ -44,7 +44,8 @@ mbps() {
     --runtime="$SECONDS_EACH" --size="$((3 * ${SIZE%M}))M" --randrepeat=0 --output-format=json)
   local dir=read
   case $2 in *write) dir=write ;; esac
-  echo "$out" | jq -r ".jobs[0].$dir.bw_bytes / 1000000"
+  # (fio's nbd engine prints a line before the JSON)
+  echo "$out" | sed -n '/^{/,$p' | jq -r ".jobs[0].$dir.bw_bytes / 1000000"
 }
 
 echo "raidnbd: $BIN; RAID5 x4, $SIZE members; ${SECONDS_EACH}s per run, $ROUNDS rounds; load $(cut -d' ' -f1 /proc/loadavg)"

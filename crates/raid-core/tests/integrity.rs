@@ -233,3 +233,50 @@ fn the_member_conformance_suite_passes_over_checksums() {
     let checked = block_on(IntegrityMember::open(members[0].clone())).unwrap().ok().expect("a checksum area");
     block_on(raid_core::conformance::run_all(Arc::new(checked), raid_core::conformance::InFlight::Synchronous));
 }
+
+/// md wrote the array (here: a start without checksums, then the event counts moved as md's
+/// would): every checksum is untrusted, nothing is reported wrong, and they stay untrusted
+/// across a stop until a check has read every block; after that a flipped byte is caught.
+#[test]
+fn writes_by_md_leave_the_checksums_untrusted_until_a_check_stamps_them() {
+    let members = create(Level::Raid5, 3);
+    {
+        let s = start(&members);
+        run_to_idle(&s.array);
+        block_on(s.array.shutdown()).unwrap();
+    }
+    let model = {
+        let s = md_common::in_memory::start(&members); // no checksums: md's view
+        let model = fill(&s.array, 41);
+        block_on(s.array.shutdown()).unwrap();
+        model
+    };
+    for m in &members {
+        let mut sb = superblock(m);
+        sb.events += 7;
+        block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&sb.encode()), true)).0.unwrap();
+    }
+    let untrusted = |s: &md::Started<dyn Member>| -> u64 {
+        integrity_reports(&s.array).iter().map(|r| r.unwrap().untrusted_bytes).sum()
+    };
+    {
+        let s = start(&members);
+        assert!(untrusted(&s) > 0, "md's writes are seen");
+        block_on(s.array.shutdown()).unwrap(); // stopped before any check
+    }
+    let s = start(&members);
+    assert!(untrusted(&s) > 0, "still untrusted: nothing was read");
+    check_all(&s.array, &model, "read unverified");
+    s.array.maintenance().start_scrub(false).unwrap();
+    run_to_idle(&s.array);
+    assert!(reports(&s.array).iter().all(|r| r.0 == 0), "md's writes are no corruption: {:?}", reports(&s.array));
+    block_on(s.array.shutdown()).unwrap();
+    drop(s);
+    let s = start(&members);
+    assert_eq!(untrusted(&s), 0, "trusted after the check and a stop");
+    flip(&members[1], (1 << 20) + (64 << 10));
+    check_all(&s.array, &model, "a wrong byte after");
+    s.array.maintenance().start_scrub(false).unwrap();
+    run_to_idle(&s.array);
+    assert!(reports(&s.array)[1].0 >= 1, "{:?}", reports(&s.array));
+}

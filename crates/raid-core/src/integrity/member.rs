@@ -44,6 +44,14 @@ pub struct IntegrityMember<M> {
     untrusted: Mutex<BadRanges>,
     has_untrusted: AtomicBool,
     header: Mutex<Header>,
+    /// The header's event count is older than the superblocks' (md wrote the array): it is
+    /// rewritten only once every block was read and stamped again, so a stop before that
+    /// leaves the checksums untrusted at the next start too.
+    stale: AtomicBool,
+    /// The event count of the last superblock written through (or read at the start).
+    superblock_events: AtomicU64,
+    /// Where md's bitmap lies (from the last superblock), if there is one.
+    bitmap_bytes: Mutex<Option<(u64, u64)>>,
     flush_lock: futures::lock::Mutex<()>,
     verified_blocks: AtomicU64,
     corrupt_blocks: AtomicU64,
@@ -83,7 +91,8 @@ impl<M: Member> IntegrityMember<M> {
         let used_sectors = if sb.size > 0 { sb.size } else { sb.data_size };
         let used_end = ((sb.data_offset + used_sectors) * 512).div_ceil(B).min(area.blocks());
         let all = (first_verified_block, used_end.saturating_sub(first_verified_block));
-        let untrusted = if header.device_uuid != sb.device_uuid.0 || header.events != sb.events {
+        let stale = header.device_uuid != sb.device_uuid.0 || header.events != sb.events;
+        let untrusted = if stale {
             tracing::warn!(
                 member = inner.name(),
                 header_events = header.events,
@@ -104,7 +113,10 @@ impl<M: Member> IntegrityMember<M> {
             BadRanges::default()
         };
         let header = Header { device_uuid: sb.device_uuid.0, ..header };
-        Ok(Ok(Self::new(inner, area, first_verified_block, table, header, untrusted)))
+        let opened = Self::new(stale, inner, area, first_verified_block, table, header, untrusted);
+        opened.superblock_events.store(sb.events, Ordering::Release);
+        *opened.bitmap_bytes.lock().expect("bitmap range") = bitmap_bytes(&sb);
+        Ok(Ok(opened))
     }
 
     /// Wraps a device about to join an array whose members have checksums (a spare, a
@@ -124,6 +136,7 @@ impl<M: Member> IntegrityMember<M> {
         let header = Header { covered_bytes: area.start_bytes, device_uuid: [0; 16], events: 0 };
         let untrusted = BadRanges::from_ranges([(first_data_block, area.blocks() - first_data_block)]);
         Ok(Self::new(
+            false,
             inner,
             area,
             first_data_block,
@@ -134,6 +147,7 @@ impl<M: Member> IntegrityMember<M> {
     }
 
     fn new(
+        stale: bool,
         inner: M,
         area: IntegrityArea,
         first_verified_block: u64,
@@ -149,7 +163,10 @@ impl<M: Member> IntegrityMember<M> {
             locks: BlockLocks::default(),
             has_untrusted: AtomicBool::new(!untrusted.is_empty()),
             untrusted: Mutex::new(untrusted),
+            superblock_events: AtomicU64::new(header.events),
             header: Mutex::new(header),
+            stale: AtomicBool::new(stale),
+            bitmap_bytes: Mutex::new(None),
             flush_lock: futures::lock::Mutex::new(()),
             verified_blocks: AtomicU64::new(0),
             corrupt_blocks: AtomicU64::new(0),
@@ -227,7 +244,8 @@ impl<M: Member> IntegrityMember<M> {
         Err(self.corruption(first, end))
     }
 
-    /// Writes the table pages changed since the last time, then flushes the member.
+    /// Writes the table pages changed since the last time (and the header, once a stale one
+    /// is current again), then flushes the member.
     async fn persist(&self) -> io::Result<()> {
         let _serial = self.flush_lock.lock().await;
         let pages = self.table.take_dirty();
@@ -235,20 +253,37 @@ impl<M: Member> IntegrityMember<M> {
             self.table.mark_dirty(&pages);
             return Err(e);
         }
+        if self.stale.load(Ordering::Acquire) && !self.has_untrusted.load(Ordering::Acquire) {
+            // Every block was read and stamped since md wrote: the table is current again.
+            let image = {
+                let mut header = self.header.lock().expect("header");
+                header.events = self.superblock_events.load(Ordering::Acquire);
+                header.encode()
+            };
+            self.inner.write_at(self.area.start_bytes, AlignedBuf::from_slice(&image), false).await.0?;
+            self.stale.store(false, Ordering::Release);
+            tracing::info!(member = self.inner.name(), "checksums stamped again: trusted from here on");
+        }
         self.inner.flush().await
     }
 
     fn write_superblock(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
         Box::pin(async move {
             let sb = Superblock::decode(buf.as_slice()).ok();
-            // A clean superblock vouches for the checksums too: they go first.
-            if sb.as_ref().is_some_and(Superblock::is_clean)
-                && let Err(e) = self.persist().await
-            {
+            // What a superblock records (clean, rebuilt up to here, ...) vouches for the
+            // checksums too: they go first.
+            if let Err(e) = self.persist().await {
                 return (Err(e), buf);
+            }
+            if let Some(sb) = &sb {
+                *self.bitmap_bytes.lock().expect("bitmap range") = bitmap_bytes(sb);
             }
             let (res, buf) = self.inner.write_at(offset_bytes, buf, fua).await;
             if let (Ok(()), Some(sb)) = (&res, sb) {
+                self.superblock_events.store(sb.events, Ordering::Release);
+                if self.stale.load(Ordering::Acquire) {
+                    return (res, buf); // the header keeps its old count (see `stale`)
+                }
                 let image = {
                     let mut header = self.header.lock().expect("header");
                     header.events = sb.events;
@@ -288,6 +323,12 @@ impl<M: Member> IntegrityMember<M> {
         self.trust(first, end);
         Ok(())
     }
+}
+
+/// Where `sb`'s internal bitmap lies: from its offset to md's data (an upper bound).
+fn bitmap_bytes(sb: &Superblock) -> Option<(u64, u64)> {
+    let at = SUPERBLOCK_BYTE_OFFSET.checked_add_signed(i64::from(sb.bitmap_offset()?) * 512)?;
+    Some((at, sb.data_offset * 512))
 }
 
 impl<M: Member> Member for IntegrityMember<M> {
@@ -343,6 +384,21 @@ impl<M: Member> Member for IntegrityMember<M> {
         if offset_bytes == SUPERBLOCK_BYTE_OFFSET {
             return self.write_superblock(offset_bytes, buf, fua);
         }
+        if self
+            .bitmap_bytes
+            .lock()
+            .expect("bitmap range")
+            .is_some_and(|(at, end)| offset_bytes >= at && offset_bytes < end)
+        {
+            // A bitmap write may clear bits: the checksums of those chunks are made durable
+            // first (after a crash only set bits leave checksums untrusted).
+            return Box::pin(async move {
+                if let Err(e) = self.persist().await {
+                    return (Err(e), buf);
+                }
+                self.inner.write_at(offset_bytes, buf, fua).await
+            });
+        }
         let len = buf.len() as u64;
         if let Err(e) = check_range(self.name(), self.len_bytes(), offset_bytes, len) {
             return Box::pin(std::future::ready((Err(e), buf)));
@@ -387,8 +443,15 @@ impl<M: Member> Member for IntegrityMember<M> {
         })
     }
 
+    /// The data's flush only: changed checksum pages are written before the next superblock
+    /// or bitmap write, which is all crash consistency needs (module docs), so a client's
+    /// FLUSH costs no table writes. (Except once: a stale header whose blocks were all read
+    /// since is brought up to date.)
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(self.persist())
+        if self.stale.load(Ordering::Acquire) && !self.has_untrusted.load(Ordering::Acquire) {
+            return Box::pin(self.persist());
+        }
+        self.inner.flush()
     }
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {

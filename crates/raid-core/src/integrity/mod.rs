@@ -14,14 +14,16 @@
 //!   match fails the read with a [`Corruption`] (`io::ErrorKind::InvalidData`) naming the
 //!   blocks. The engine reads around it and heals it from redundancy (`engine/heal.rs`);
 //! - every write stamps its blocks when it completes; the table pages it changed are written
-//!   at the next flush, before a clean superblock and before the superblock write that follows
-//!   (so before md's bitmap could forget the region: `engine/intent.rs` flushes first);
+//!   (and flushed) before the next superblock write (clean, a rebuild checkpoint, ...) and
+//!   before the next write to md's bitmap (so before a bit of the region can be cleared), not
+//!   at every flush: a client's FLUSH costs no table write;
 //! - crash consistency follows md's: after an unclean stop, the blocks md will resync (dirty
 //!   bitmap chunks, or everything without a bitmap) are *untrusted*: read without
 //!   verification and stamped from what is read (a resync reads every one), never reported
 //!   as corruption. The same for everything when md (or anything else) wrote the superblocks
 //!   since raidnbd last did: the header keeps the event count of the last superblock written
-//!   through it, and a `check` stamps the array again.
+//!   through it, and a `check` stamps the array again (the header is rewritten, at a flush,
+//!   only once no block is untrusted).
 //!
 //! A stamp is `crc32c(block) ^ crc32c(zero block)`, so a table of zeros (a sparse file)
 //! matches blocks of zeros: a new member needs no table written.
