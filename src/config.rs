@@ -361,7 +361,7 @@ mod tests {
         match key {
             "read_only" | "force" | "require_all" | "buffered" | "tls_verify_peer" => "true",
             "member_iops" | "write_gather_us" => "5",
-            "member_timeout" | "handshake_timeout" | "idle_timeout" | "stall_timeout" => "\"5s\"",
+            "member_timeout" | "handshake_timeout" | "idle_timeout" | "stall_timeout" | "scrub_interval" => "\"5s\"",
             "listen" | "members" | "tls_peer" | "allow" => "[\"127.0.0.1:1\"]",
             "metrics" => "\"127.0.0.1:9\"",
             _ => "\"x\"",
