@@ -9,7 +9,7 @@ use futures::executor::block_on;
 use raid_core::engine::Array;
 use raid_core::geometry::Level;
 use raid_core::integrity::{self, IntegrityMember, reserve_bytes};
-use raid_core::md::{self, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions};
+use raid_core::md::{self, SUPERBLOCK_BYTE_OFFSET, StartOptions};
 use raid_core::{AlignedBuf, Member, MemoryMember};
 
 mod md_common;
@@ -24,33 +24,12 @@ fn create(level: Level, disks: usize) -> Vec<Arc<MemoryMember>> {
 }
 
 fn create_sized(level: Level, disks: usize, member_bytes: u64) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(member_bytes - reserve_bytes(member_bytes)); disks];
-    let params = CreateParams {
-        level,
-        layout: None,
-        chunk_sectors: (level != Level::Raid1).then_some(128),
-        name: "integrity",
-        homehost: None,
-        uuid: Some(MdUuid([3; 16])),
-        members_bytes: &sizes,
-        ppl: false,
-        journal_bytes: None,
-    };
-    let mut n = 0u8;
-    let meta = md::create(&params, 1_700_000_000, &mut || {
-        n += 1;
-        MdUuid([n; 16])
-    })
-    .expect("create");
-    (0..disks)
-        .map(|i| {
-            let m = Arc::new(MemoryMember::new(format!("m{i}"), member_bytes));
-            let image = meta.superblock_for(i).encode();
-            block_on(m.write_at(SUPERBLOCK_BYTE_OFFSET, AlignedBuf::from_slice(&image), true)).0.unwrap();
-            block_on(integrity::format(m.as_ref())).expect("format");
-            m
-        })
-        .collect()
+    let tail = reserve_bytes(member_bytes);
+    let members = md_common::in_memory::create_leaving(level, None, disks, 0, false, member_bytes, tail);
+    for m in &members {
+        block_on(integrity::format(m.as_ref())).expect("format");
+    }
+    members
 }
 
 /// The array on `members`, each verified by its checksums.

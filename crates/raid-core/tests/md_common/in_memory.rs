@@ -37,7 +37,21 @@ pub fn create(
     ppl: bool,
     member_bytes: u64,
 ) -> Vec<Arc<MemoryMember>> {
-    let sizes = vec![Some(member_bytes); disks];
+    create_leaving(level, layout, disks, extra, ppl, member_bytes, 0)
+}
+
+/// [`create`], md's data area ending `tail_bytes` before each member's end (room for
+/// checksums).
+pub fn create_leaving(
+    level: Level,
+    layout: Option<u32>,
+    disks: usize,
+    extra: usize,
+    ppl: bool,
+    member_bytes: u64,
+    tail_bytes: u64,
+) -> Vec<Arc<MemoryMember>> {
+    let sizes = vec![Some(member_bytes - tail_bytes); disks];
     let params = CreateParams {
         level,
         layout,
