@@ -217,19 +217,10 @@ async fn add_integrity(paths: &[String], algorithm: &str) -> Result<()> {
     let mut members = Vec::with_capacity(paths.len());
     for path in paths {
         let member = open_member(path, &plain).await?;
-        let sb = raid_core::md::Superblock::decode(&crate::open::read_superblock_area(member.as_ref()).await?)
-            .map_err(|e| anyhow!("{path}: {e}"))?;
-        let data_end = (sb.data_offset + sb.data_size) * SECTOR_BYTES;
-        let area = integrity::IntegrityArea::after(data_end);
-        if !area.fits(member.len_bytes()) {
-            let needed = area.table_offset_bytes() + area.table_bytes() - data_end;
-            bail!(
-                "{path}: no room for checksums: md's data area ends at byte {data_end} and they need {} after it; the \
-                 member has {} (use larger members, or create the array with --integrity)",
-                human_bytes(needed),
-                human_bytes(member.len_bytes().saturating_sub(data_end))
-            );
-        }
+        // Every member is checked before any is written.
+        integrity::area_with_room(member.as_ref())
+            .await
+            .map_err(|e| anyhow!("{e} (use larger members, or create the array with --integrity)"))?;
         members.push((path, member));
     }
     for (path, member) in &members {

@@ -33,23 +33,7 @@ pub(crate) fn grow_with_old_bytes(member: &Path, from: u64, to: u64) {
 /// A fio job with verify over the region `[64 MiB, 80 MiB)` (the crash writer uses the first
 /// 64 MiB): `args` add to it (`--do_verify=1` writes and verifies, `--verify_only` checks).
 pub(crate) fn fio_region(uri: &str, args: &[&str]) -> Command {
-    let mut fio = Command::new("fio");
-    fio.args([
-        "--name=grow",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
-        "--rw=randwrite",
-        "--bs=16k",
-        "--offset=64m",
-        "--size=16m",
-        "--randseed=34",
-        "--verify=crc32c",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--iodepth=8",
-    ]);
-    fio.args(args);
-    fio
+    fio_verify(uri, "64m", "16m", args)
 }
 
 /// Ten rounds of: the crash writer (its log verified first) writing through `served`, a

@@ -13,25 +13,9 @@ use serde_json::Value;
 use crate::ctl_rebuild::{ctl, wait_for};
 use crate::util::*;
 
-/// fio with crc32c verify headers over the first 24 MiB (`args`: `--do_verify=1` writes
-/// and verifies, `--verify_only` checks).
+/// fio with verify over the first 24 MiB (`--do_verify=0` writes, `--verify_only` checks).
 fn fio(uri: &str, args: &[&str]) -> Command {
-    let mut fio = Command::new("fio");
-    fio.args([
-        "--name=integrity",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
-        "--rw=randwrite",
-        "--bs=16k",
-        "--size=24m",
-        "--randseed=36",
-        "--verify=crc32c",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--iodepth=8",
-    ]);
-    fio.args(args);
-    fio
+    fio_verify(uri, "0", "24m", args)
 }
 
 fn data_offset_bytes(d: &Path, member: &str) -> u64 {

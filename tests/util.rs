@@ -238,3 +238,26 @@ pub fn run_ok(cmd: &mut Command) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// fio with crc32c verify headers, 16 KiB random writes at QD8 over `[offset, offset + size)`
+/// of the export at `uri`: `args` add to it (`--do_verify=1` writes and verifies,
+/// `--verify_only` checks what an earlier run wrote).
+pub fn fio_verify(uri: &str, offset: &str, size: &str, args: &[&str]) -> Command {
+    let mut fio = Command::new("fio");
+    fio.args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=16k",
+        &format!("--offset={offset}"),
+        &format!("--size={size}"),
+        "--randseed=34",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        "--iodepth=8",
+    ]);
+    fio.args(args);
+    fio
+}

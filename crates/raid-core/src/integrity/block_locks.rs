@@ -60,11 +60,21 @@ impl BlockLocks {
 
 impl BlockGuard<'_> {
     /// The stamps the held blocks are about to be written with.
-    pub fn announce(&self, stamps: &[u32]) {
+    pub fn announce(&self, stamps: Vec<u32>) {
         let mut held = self.locks.held.lock().expect("block locks");
         let entry = held.1.iter_mut().find(|f| f.id == self.id).expect("a held range");
         debug_assert_eq!(stamps.len() as u64, entry.blocks);
-        entry.stamps = stamps.to_vec();
+        entry.stamps = stamps;
+    }
+
+    /// Hands the announced stamps, by block, to `store` while they are still announced (so
+    /// a racing read finds each one in the table or here).
+    pub fn store_announced(&self, mut store: impl FnMut(u64, u32)) {
+        let held = self.locks.held.lock().expect("block locks");
+        let entry = held.1.iter().find(|f| f.id == self.id).expect("a held range");
+        for (i, &stamp) in entry.stamps.iter().enumerate() {
+            store(entry.first_block + i as u64, stamp);
+        }
     }
 }
 

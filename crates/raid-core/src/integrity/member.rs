@@ -8,7 +8,7 @@ use super::area::{BLOCK_BYTES, Header, IntegrityArea};
 use super::block_locks::BlockLocks;
 use super::corruption::Corruption;
 use super::on_disk::{IO_BYTES, dirty_blocks, first_data_block, invalid, locate, read_bytes, write_pages};
-use super::table::{ChecksumTable, STAMPS_PER_PAGE, stamp};
+use super::table::{ChecksumTable, stamp};
 use crate::allocation::Allocation;
 use crate::bad_ranges::BadRanges;
 use crate::buf::AlignedBuf;
@@ -50,8 +50,10 @@ pub struct IntegrityMember<M> {
     stale: AtomicBool,
     /// The event count of the last superblock written through (or read at the start).
     superblock_events: AtomicU64,
-    /// Where md's bitmap lies (from the last superblock), if there is one.
-    bitmap_bytes: Mutex<Option<(u64, u64)>>,
+    /// Where md's bitmap lies, `[start, end)` bytes (from the last superblock; empty without
+    /// one): atomics, as every write looks at them.
+    bitmap_start_bytes: AtomicU64,
+    bitmap_end_bytes: AtomicU64,
     flush_lock: futures::lock::Mutex<()>,
     verified_blocks: AtomicU64,
     corrupt_blocks: AtomicU64,
@@ -77,14 +79,13 @@ impl<M: Member> IntegrityMember<M> {
             }
             Some(Ok(h)) => h,
         };
-        let mut bytes = Vec::with_capacity(area.table_bytes() as usize);
+        let table = ChecksumTable::zeroed(area.blocks());
         let mut at = 0;
         while at < area.table_bytes() {
             let n = IO_BYTES.min(area.table_bytes() - at);
-            bytes.extend_from_slice(read_bytes(&inner, area.table_offset_bytes() + at, n).await?.as_slice());
+            table.load(at / 4, read_bytes(&inner, area.table_offset_bytes() + at, n).await?.as_slice());
             at += n;
         }
-        let table = ChecksumTable::from_bytes(&bytes, area.blocks());
         let first_verified_block = first_data_block(&sb);
         // What the array uses of the data area (md's `size`; all of it for linear/raid0): a
         // check reads every block of it, so nothing stays untrusted after one.
@@ -114,8 +115,7 @@ impl<M: Member> IntegrityMember<M> {
         };
         let header = Header { device_uuid: sb.device_uuid.0, ..header };
         let opened = Self::new(stale, inner, area, first_verified_block, table, header, untrusted);
-        opened.superblock_events.store(sb.events, Ordering::Release);
-        *opened.bitmap_bytes.lock().expect("bitmap range") = bitmap_bytes(&sb);
+        opened.learn_superblock(&sb);
         Ok(Ok(opened))
     }
 
@@ -135,15 +135,7 @@ impl<M: Member> IntegrityMember<M> {
         }
         let header = Header { covered_bytes: area.start_bytes, device_uuid: [0; 16], events: 0 };
         let untrusted = BadRanges::from_ranges([(first_data_block, area.blocks() - first_data_block)]);
-        Ok(Self::new(
-            false,
-            inner,
-            area,
-            first_data_block,
-            ChecksumTable::from_bytes(&vec![0u8; area.table_bytes() as usize], area.blocks()),
-            header,
-            untrusted,
-        ))
+        Ok(Self::new(false, inner, area, first_data_block, ChecksumTable::zeroed(area.blocks()), header, untrusted))
     }
 
     fn new(
@@ -166,7 +158,8 @@ impl<M: Member> IntegrityMember<M> {
             superblock_events: AtomicU64::new(header.events),
             header: Mutex::new(header),
             stale: AtomicBool::new(stale),
-            bitmap_bytes: Mutex::new(None),
+            bitmap_start_bytes: AtomicU64::new(0),
+            bitmap_end_bytes: AtomicU64::new(0),
             flush_lock: futures::lock::Mutex::new(()),
             verified_blocks: AtomicU64::new(0),
             corrupt_blocks: AtomicU64::new(0),
@@ -174,8 +167,20 @@ impl<M: Member> IntegrityMember<M> {
         }
     }
 
-    pub fn inner(&self) -> &M {
-        &self.inner
+    /// What a superblock read or written says of this device: its event count, its bitmap.
+    fn learn_superblock(&self, sb: &Superblock) {
+        self.superblock_events.store(sb.events, Ordering::Release);
+        let (start, end) = sb
+            .bitmap_offset()
+            .and_then(|sectors| SUPERBLOCK_BYTE_OFFSET.checked_add_signed(i64::from(sectors) * 512))
+            .map_or((0, 0), |at| (at, sb.data_offset * 512)); // md's data start bounds it
+        self.bitmap_start_bytes.store(start, Ordering::Release);
+        self.bitmap_end_bytes.store(end, Ordering::Release);
+    }
+
+    fn in_bitmap(&self, offset_bytes: u64) -> bool {
+        offset_bytes >= self.bitmap_start_bytes.load(Ordering::Acquire)
+            && offset_bytes < self.bitmap_end_bytes.load(Ordering::Acquire)
     }
 
     /// The verified blocks `[first, end)` that `[offset_bytes, +len_bytes)` touches.
@@ -237,8 +242,10 @@ impl<M: Member> IntegrityMember<M> {
         }
         self.verified_blocks.fetch_add(checked, Ordering::Relaxed);
         // Untrusted blocks read here matched or were stamped again: trusted from now on.
-        let blocks = (data.len() as u64) / B;
-        self.trust(first_block.max(lo), (first_block + blocks).min(hi).max(first_block.max(lo)));
+        let (from, to) = (first_block.max(lo), (first_block + data.len() as u64 / B).min(hi));
+        if from < to {
+            self.trust(from, to);
+        }
         let Some((first, end)) = wrong else { return Ok(()) };
         self.corrupt_blocks.fetch_add(end - first, Ordering::Relaxed);
         Err(self.corruption(first, end))
@@ -275,12 +282,9 @@ impl<M: Member> IntegrityMember<M> {
             if let Err(e) = self.persist().await {
                 return (Err(e), buf);
             }
-            if let Some(sb) = &sb {
-                *self.bitmap_bytes.lock().expect("bitmap range") = bitmap_bytes(sb);
-            }
             let (res, buf) = self.inner.write_at(offset_bytes, buf, fua).await;
             if let (Ok(()), Some(sb)) = (&res, sb) {
-                self.superblock_events.store(sb.events, Ordering::Release);
+                self.learn_superblock(&sb);
                 if self.stale.load(Ordering::Acquire) {
                     return (res, buf); // the header keeps its old count (see `stale`)
                 }
@@ -323,12 +327,6 @@ impl<M: Member> IntegrityMember<M> {
         self.trust(first, end);
         Ok(())
     }
-}
-
-/// Where `sb`'s internal bitmap lies: from its offset to md's data (an upper bound).
-fn bitmap_bytes(sb: &Superblock) -> Option<(u64, u64)> {
-    let at = SUPERBLOCK_BYTE_OFFSET.checked_add_signed(i64::from(sb.bitmap_offset()?) * 512)?;
-    Some((at, sb.data_offset * 512))
 }
 
 impl<M: Member> Member for IntegrityMember<M> {
@@ -384,12 +382,7 @@ impl<M: Member> Member for IntegrityMember<M> {
         if offset_bytes == SUPERBLOCK_BYTE_OFFSET {
             return self.write_superblock(offset_bytes, buf, fua);
         }
-        if self
-            .bitmap_bytes
-            .lock()
-            .expect("bitmap range")
-            .is_some_and(|(at, end)| offset_bytes >= at && offset_bytes < end)
-        {
+        if self.in_bitmap(offset_bytes) {
             // A bitmap write may clear bits: the checksums of those chunks are made durable
             // first (after a crash only set bits leave checksums untrusted).
             return Box::pin(async move {
@@ -430,12 +423,10 @@ impl<M: Member> Member for IntegrityMember<M> {
                     .copy_from_slice(&buf.as_slice()[(from - offset_bytes) as usize..(until - offset_bytes) as usize]);
                 stamps.push(stamp(block.as_slice()));
             }
-            guard.announce(&stamps);
+            guard.announce(stamps);
             let (res, buf) = self.inner.write_at(offset_bytes, buf, fua).await;
             if res.is_ok() {
-                for (b, s) in (first..end).zip(stamps) {
-                    self.table.set(b, s);
-                }
+                guard.store_announced(|b, s| self.table.set(b, s));
                 self.trust(first, end);
             }
             drop(guard);
@@ -491,5 +482,3 @@ impl<M: Member> Member for IntegrityMember<M> {
         })
     }
 }
-
-const _: () = assert!(STAMPS_PER_PAGE * 4 == B);

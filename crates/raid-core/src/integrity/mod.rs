@@ -38,5 +38,5 @@ mod table;
 pub use area::{ALGORITHM_CRC32C, BLOCK_BYTES, Header, IntegrityArea, reserve_bytes};
 pub use corruption::{Corruption, corruption_of};
 pub use member::{IntegrityMember, IntegrityReport};
-pub use on_disk::format;
+pub use on_disk::{area_with_room, format};
 pub use table::stamp;

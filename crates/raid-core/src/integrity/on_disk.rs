@@ -27,15 +27,40 @@ pub(super) async fn read_bytes<M: Member + ?Sized>(m: &M, offset_bytes: u64, len
     res.map(|()| buf)
 }
 
-/// The member's superblock and integrity area, if it has an md superblock and room for one.
-pub(super) async fn locate<M: Member + ?Sized>(m: &M) -> io::Result<Option<(Superblock, IntegrityArea)>> {
+/// The member's md superblock and where its checksum area lies (whether or not it fits).
+async fn superblock_and_area<M: Member + ?Sized>(m: &M) -> io::Result<Option<(Superblock, IntegrityArea)>> {
     if m.len_bytes() < SUPERBLOCK_BYTE_OFFSET + SUPERBLOCK_BYTES as u64 {
         return Ok(None);
     }
     let sb_bytes = read_bytes(m, SUPERBLOCK_BYTE_OFFSET, SUPERBLOCK_BYTES as u64).await?;
     let Ok(sb) = Superblock::decode(sb_bytes.as_slice()) else { return Ok(None) };
     let area = IntegrityArea::after((sb.data_offset + sb.data_size) * 512);
-    Ok(area.fits(m.len_bytes()).then_some((sb, area)))
+    Ok(Some((sb, area)))
+}
+
+/// The member's superblock and integrity area, if it has an md superblock and room for one.
+pub(super) async fn locate<M: Member + ?Sized>(m: &M) -> io::Result<Option<(Superblock, IntegrityArea)>> {
+    Ok(superblock_and_area(m).await?.filter(|(_, area)| area.fits(m.len_bytes())))
+}
+
+/// The member's superblock and the area it would keep checksums in; an error that names the
+/// room missing when the area does not fit after md's data (checked for every member before
+/// any is formatted).
+pub async fn area_with_room<M: Member + ?Sized>(m: &M) -> io::Result<(Superblock, IntegrityArea)> {
+    let Some((sb, area)) = superblock_and_area(m).await? else {
+        return Err(invalid(format!("{}: no md superblock", m.name())));
+    };
+    if !area.fits(m.len_bytes()) {
+        let data_end = (sb.data_offset + sb.data_size) * 512;
+        return Err(invalid(format!(
+            "{}: no room for checksums: md's data area ends at byte {data_end} and they need {} bytes after it; the \
+             member has {}",
+            m.name(),
+            area.table_offset_bytes() + area.table_bytes() - data_end,
+            m.len_bytes().saturating_sub(data_end)
+        )));
+    }
+    Ok((sb, area))
 }
 
 /// The first block of md's data area (the lower one during a reshape that moves it).
@@ -51,10 +76,8 @@ pub(super) fn first_data_block(sb: &Superblock) -> u64 {
 /// stamps of what its data area holds (holes and zeros stamp 0, so a sparse member reads
 /// nothing), and a header with the superblock's event count. For `create --integrity`.
 pub async fn format<M: Member + ?Sized>(member: &M) -> io::Result<()> {
-    let Some((sb, area)) = locate(member).await? else {
-        return Err(invalid(format!("{}: no md superblock with room for checksums after its data", member.name())));
-    };
-    let table = ChecksumTable::from_bytes(&vec![0u8; area.table_bytes() as usize], area.blocks());
+    let (sb, area) = area_with_room(member).await?;
+    let table = ChecksumTable::zeroed(area.blocks());
     let mut at = first_data_block(&sb) * B;
     while at < area.start_bytes {
         let extents = member.allocation(at, area.start_bytes - at).await?;

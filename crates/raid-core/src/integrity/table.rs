@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use super::area::BLOCK_BYTES;
 
 /// Stamps per table page.
-pub(super) const STAMPS_PER_PAGE: u64 = BLOCK_BYTES / 4;
+const STAMPS_PER_PAGE: u64 = BLOCK_BYTES / 4;
 
 static ZERO_BLOCK_CRC: LazyLock<u32> = LazyLock::new(|| crc32c::crc32c(&[0u8; BLOCK_BYTES as usize]));
 
@@ -18,6 +18,8 @@ pub fn stamp(block: &[u8]) -> u32 {
     crc32c::crc32c(block) ^ *ZERO_BLOCK_CRC
 }
 
+const _: () = assert!(STAMPS_PER_PAGE * 4 == BLOCK_BYTES);
+
 pub(super) struct ChecksumTable {
     stamps: Vec<AtomicU32>,
     /// One bit per page: changed since written.
@@ -25,16 +27,21 @@ pub(super) struct ChecksumTable {
 }
 
 impl ChecksumTable {
-    /// The table as stored (`bytes`: the whole table area, little-endian stamps), for `blocks`.
-    pub fn from_bytes(bytes: &[u8], blocks: u64) -> Self {
-        assert!(bytes.len() as u64 >= blocks * 4, "the table area holds every stamp");
-        let stamps = bytes
-            .chunks_exact(4)
-            .take(blocks as usize)
-            .map(|s| AtomicU32::new(u32::from_le_bytes(s.try_into().expect("4 bytes"))))
-            .collect();
+    /// A table of `blocks` zero stamps (blocks of zeros), none of it changed.
+    pub fn zeroed(blocks: u64) -> Self {
         let pages = blocks.div_ceil(STAMPS_PER_PAGE);
-        ChecksumTable { stamps, dirty: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect() }
+        ChecksumTable {
+            stamps: (0..blocks).map(|_| AtomicU32::new(0)).collect(),
+            dirty: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Takes the stamps stored in `bytes` (little-endian, as on the member) from `first_block`
+    /// on, as they are (not marked changed); stamps past the table's end are ignored.
+    pub fn load(&self, first_block: u64, bytes: &[u8]) {
+        for (stamp, cell) in bytes.chunks_exact(4).zip(self.stamps.iter().skip(first_block as usize)) {
+            cell.store(u32::from_le_bytes(stamp.try_into().expect("4 bytes")), Ordering::Relaxed);
+        }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -94,7 +101,7 @@ mod tests {
     fn zeros_stamp_zero_and_changed_pages_are_taken_once() {
         assert_eq!(stamp(&[0u8; 4096]), 0);
         assert_ne!(stamp(&[1u8; 4096]), 0);
-        let table = ChecksumTable::from_bytes(&[0u8; 8192], 2000);
+        let table = ChecksumTable::zeroed(2000);
         table.set(5, 0); // unchanged: not dirty
         table.set(1500, 9);
         table.set(1501, 10);
@@ -103,5 +110,9 @@ mod tests {
         let mut page = vec![0u8; 4096];
         table.page_bytes(1, &mut page);
         assert_eq!(&page[(1500 - 1024) * 4..][..4], &9u32.to_le_bytes());
+        let loaded = ChecksumTable::zeroed(2000);
+        loaded.load(1024, &page);
+        assert_eq!((loaded.get(1500), loaded.get(1501), loaded.get(5)), (9, 10, 0));
+        assert!(loaded.take_dirty().is_empty(), "loading changes nothing to write");
     }
 }
