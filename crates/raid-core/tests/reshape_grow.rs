@@ -4,22 +4,18 @@
 //! md writes (the reshape fields while it runs, the new geometry and data offset at the end),
 //! and the grown array's parity matches its data.
 
-use std::future::Future;
-use std::io;
-use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::AtomicI64;
 
 use futures::executor::block_on;
 use raid_core::engine::{MaintenanceWork, Step};
 use raid_core::geometry::Level;
 use raid_core::md::{self, FeatureMap, StartOptions};
-use raid_core::member::{BufResult, IoFuture};
-use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
+use raid_core::{Member, MemoryMember, SECTOR_BYTES};
 
 mod md_common;
 
+use md_common::crash::{Hanging, run_or_crash};
 use md_common::in_memory::{self, Rng, check_all, start, superblock};
 
 const MEMBER_BYTES: u64 = 24 << 20;
@@ -145,61 +141,6 @@ fn a_grow_is_refused_where_md_cannot_do_it_without_a_backup() {
     block_on(started.array.admin().fail_role(1)).unwrap();
     let err = block_on(started.array.admin().grow(vec![members[3].clone() as Arc<dyn Member>])).unwrap_err();
     assert!(err.to_string().contains("in sync"), "{err}");
-}
-
-/// A member whose writes (and flushes) hang forever once the shared budget is spent: the
-/// process stops there, with what was written before on the members (a SIGKILL).
-struct Hanging {
-    inner: Arc<MemoryMember>,
-    budget: Arc<AtomicI64>,
-}
-
-impl Hanging {
-    fn spent(&self) -> bool {
-        self.budget.fetch_sub(1, Ordering::SeqCst) <= 0
-    }
-}
-
-impl Member for Hanging {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn len_bytes(&self) -> u64 {
-        self.inner.len_bytes()
-    }
-    fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
-        self.inner.read_at(offset_bytes, buf)
-    }
-    fn write_at(&self, offset_bytes: u64, buf: AlignedBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        if self.spent() {
-            return Box::pin(std::future::pending());
-        }
-        self.inner.write_at(offset_bytes, buf, fua)
-    }
-    fn flush(&self) -> IoFuture<'_, io::Result<()>> {
-        if self.spent() {
-            return Box::pin(std::future::pending());
-        }
-        self.inner.flush()
-    }
-    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        self.inner.discard(offset_bytes, len_bytes)
-    }
-    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> IoFuture<'_, io::Result<()>> {
-        self.inner.write_zeroes(offset_bytes, len_bytes)
-    }
-}
-
-/// Polls `f` until it is ready, or `None` when it is stuck (a hung member: the crash).
-fn run_or_crash<F: Future>(f: F) -> Option<F::Output> {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    for _ in 0..1000 {
-        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
-            return Some(out);
-        }
-    }
-    None
 }
 
 /// Crashes at random member writes of the reshape (inside a window's copy, between its

@@ -315,6 +315,7 @@ impl MetadataStore for TailStore {
             events: 0,
             bitmap_events_cleared: None,
             headroom_sectors: None,
+            data_area_sectors: None,
             bitmap_room_chunks: None,
         }
     }

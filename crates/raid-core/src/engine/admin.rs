@@ -78,6 +78,21 @@ impl<M: Member + ?Sized> Admin<'_, M> {
         self.array.begin_reshape(devices, layout, chunk_sectors).await
     }
 
+    /// Removes members from a raid4/5/6 (`mdadm --grow --array-size S` then `--raid-devices
+    /// N`): md's backwards reshape to `raid_disks` roles, optionally to `layout` and
+    /// `chunk_sectors` (engine/reshape.rs). The export shrinks to the new size on return,
+    /// which `confirmed_bytes` must name (the refusal says it); the data moves in the
+    /// background, and the members of the roles removed become spares when it ends.
+    pub async fn remove_members(
+        &self,
+        raid_disks: usize,
+        layout: Option<u32>,
+        chunk_sectors: Option<u32>,
+        confirmed_bytes: Option<u64>,
+    ) -> Result<()> {
+        self.array.begin_shrink(raid_disks, layout, chunk_sectors, confirmed_bytes).await
+    }
+
     /// Changes how much of every member the array uses (md's `--grow --size`,
     /// engine/resize.rs): the devices are asked their size again, the export has its new
     /// size on return, and new space is resynced in the background (`Maintenance`).

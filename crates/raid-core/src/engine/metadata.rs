@@ -118,6 +118,10 @@ pub struct MetadataSummary {
     /// Sectors free before the data on every device (where a reshape can move the data
     /// start: md's `new_offset`); `None` when the store does not know.
     pub headroom_sectors: Option<u64>,
+    /// The smallest data area of the devices (md's `data_size`): a reshape that removes
+    /// members moves the data start up into what lies past the used part; `None` when the
+    /// store does not know.
+    pub data_area_sectors: Option<u64>,
     /// The bitmap's events_cleared: a returning member whose events are at least this only
     /// needs the chunks dirty in the bitmap copied (md's re-add).
     pub bitmap_events_cleared: Option<u64>,

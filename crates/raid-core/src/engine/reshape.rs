@@ -1,17 +1,23 @@
 //! Reshape: the array changes shape while it serves, in md's format (the superblock side:
 //! `md/reshape.rs`; the kernel's rules, cited: `doc/md-reshape.md`).
 //!
-//! The kinds raidnbd does today are md's no-backup reshapes of raid4/5/6 that go forward: a
-//! grow by members, a layout change, a chunk change, or several at once. The data start of
-//! every device moves `headroom` sectors into the free space before the data, and the new
-//! layout (wider by the new members, in the new rotation or chunk) is written there from the
-//! start of the array up, ahead of the old one, never over an old row still in use.
+//! The kinds raidnbd does are md's no-backup reshapes of raid4/5/6: a grow by members, a
+//! layout change, a chunk change, or several at once go *forward*: the data start of every
+//! device moves `headroom` sectors into the free space before the data, and the new layout
+//! (wider by the new members, in the new rotation or chunk) is written there from the start
+//! of the array up, ahead of the old one. Removing members goes *backwards* (md's
+//! `reshape_backwards`): the new, narrower layout needs more rows per device, so it is
+//! written `headroom` sectors after the old one, from the end of the array down. Either way
+//! no new row is ever written over an old row still in use.
 //!
-//! - Start ([`Array::begin_reshape`], from `Admin::reshape`): checked (raid4/5/6, no log, no bitmap,
-//!   every role in sync, nothing else running, room before the data); the new devices are
-//!   recorded and the start is written to every superblock (`StateChange::ReshapeStart`, the
-//!   front at 0); then, with every request paused, the devices' data origin moves to the new
-//!   data start, the new roles come into use and the shape becomes two layouts.
+//! - Start ([`Array::begin_reshape`] / [`Array::begin_shrink`], from `Admin`): checked
+//!   (raid4/5/6, no log, no bitmap, every role in sync, nothing else running, room before
+//!   the data, or after it); the new devices are recorded and the start is written to every
+//!   superblock (`StateChange::ReshapeStart`, the front at 0, or at the new end going
+//!   backwards); then, with every request paused, the shape becomes two layouts (going
+//!   forward the devices' data origin moves to the new data start first and the new roles
+//!   come into use). Removing members shrinks the export at once, as md's `--array-size`
+//!   must before such a reshape; the user confirms the new size.
 //! - Steps ([`Array::reshape_step`], from `Maintenance::step`): a window of whole new stripes at
 //!   the front is closed to requests, read from the previous layout (zeros beyond its end),
 //!   written in the new layout (full stripes: parity from the data alone), the members
@@ -20,8 +26,10 @@
 //!   rows still in use (md's invariant: a restart from the recorded front reads only intact
 //!   rows); recording every window before it opens means no request ever writes the new
 //!   layout where a restart would copy the old one over it.
-//! - End: past the new layout's last stripe the superblocks take the new geometry
-//!   (`ReshapeEnd`), the shape settles on it, and the export has its new size.
+//! - End: past the new layout's last stripe (or at 0 going backwards) the superblocks take the
+//!   new geometry (`ReshapeEnd`; removed members become spares), the shape settles on it
+//!   (going backwards the data origin moves to the new data start and the removed roles go),
+//!   and the export has its new size.
 //!
 //! A crash at any point restarts from the recorded front (md's `reshape_position`): the window
 //! after it is moved again from rows nothing has overwritten. The kernel continues such a
@@ -30,6 +38,7 @@
 use std::sync::Arc;
 
 use super::maintenance::{MaintenanceWork, Step};
+use super::resize::SizeTarget;
 use super::shape::{Direction, Layout, Reshape, Shape};
 use super::slot::{Device, SlotState};
 use super::stripe_write::WriteSource;
@@ -53,9 +62,10 @@ fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// The least data-start move for a grow from `o` to `n` data disks with chunk `chunk`:
+/// The least data-start move for a reshape from `o` to `n` data disks with chunk `chunk`:
 /// mdadm's `LCM(chunk·o, chunk·n) / o`, and at least two chunks so that the kernel, should it
-/// take over, stays in its self-safe checkpoint regime (`doc/md-reshape.md` §2.4).
+/// take over, stays in its self-safe checkpoint regime (`doc/md-reshape.md` §2.4), and every
+/// window of a backwards reshape holds at least one new stripe.
 fn least_headroom(chunk: u64, o: u64, n: u64) -> u64 {
     let lcm = chunk * o / gcd(chunk * o, chunk * n) * (chunk * n);
     (lcm / o).max(2 * chunk)
@@ -189,6 +199,111 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
+    /// Starts a reshape that removes members (md's backwards reshape): to `raid_disks` roles
+    /// (fewer than now), `new_layout` and `new_chunk_sectors` (`None`: as now). The export
+    /// shrinks at once to what the new layout holds, which `confirmed_bytes` must name (md
+    /// wants `--array-size` first); where the members' data areas have too little room after
+    /// the used part for the move, the used part shrinks first (md's `size`). The removed
+    /// members become spares when it ends. See the module docs.
+    pub(crate) async fn begin_shrink(
+        &self,
+        raid_disks: usize,
+        new_layout: Option<u32>,
+        new_chunk_sectors: Option<u32>,
+        confirmed_bytes: Option<u64>,
+    ) -> Result<()> {
+        let geometry = self.check_growable()?;
+        let pg = geometry.parity().expect("a parity level");
+        let old_disks = geometry.raid_disks();
+        if raid_disks >= old_disks {
+            return Err(refused(format!(
+                "{raid_disks} members: removing members leaves fewer than the {old_disks} there are"
+            )));
+        }
+        let layout = new_layout.unwrap_or(geometry.layout());
+        let new_chunk = new_chunk_sectors.unwrap_or(pg.chunk_sectors());
+        if geometry.level() == Level::Raid4 && layout != geometry.layout() {
+            return Err(refused("raid4 has one layout (parity on the last member)".into()));
+        }
+        let chunk = u64::from(pg.chunk_sectors().max(new_chunk));
+        let shaped = |size: u64| {
+            Geometry::new(geometry.level(), layout, new_chunk, &vec![size; raid_disks])
+                .map_err(|e| refused(format!("the reshaped array: {e}")))
+        };
+        let n = shaped(pg.size_sectors())?.parity().expect("a parity level").data_disks() as u64;
+        let need = least_headroom(chunk, pg.data_disks() as u64, n);
+        // The new layout lies `headroom` after the old one inside every device's data area
+        // (md's `data_size`); the used part shrinks where the area has too little room left.
+        let area = match self.metadata_summary().and_then(|s| s.data_area_sectors) {
+            Some(sectors) => sectors,
+            None => self.device_room().await?.0.sectors,
+        };
+        let size = pg.size_sectors().min(area.saturating_sub(need)) / chunk * chunk;
+        if size == 0 {
+            return Err(refused(format!(
+                "removing members moves the data start {need} sectors up, but a member's data area holds only {area} \
+                 sectors"
+            )));
+        }
+        let headroom = (area - size).min(MAX_HEADROOM_SECTORS.max(need)) / chunk * chunk;
+        let new_geometry = shaped(size)?;
+        let to_bytes = new_geometry.array_sectors() * SECTOR_BYTES;
+        if confirmed_bytes != Some(to_bytes) {
+            let used = if size < pg.size_sectors() {
+                format!(
+                    "; each member's used part shrinks from {} to {size} sectors, to leave room for the data start to \
+                     move {headroom} sectors up",
+                    pg.size_sectors()
+                )
+            } else {
+                String::new()
+            };
+            return Err(refused(format!(
+                "removing {} of {old_disks} members shrinks the array from {} to {to_bytes} bytes{used}: what lies \
+                 past that is lost, so shrink what the array holds first (resize2fs), then confirm the new size: \
+                 --array-size {to_bytes}",
+                old_disks - raid_disks,
+                self.size_bytes()
+            )));
+        }
+        if size < pg.size_sectors() {
+            self.resize(SizeTarget::Sectors(size)).await?;
+        }
+        let geometry = self.check_growable()?;
+        // md starts a backwards reshape at `raid5_size`: the used part rounded to both chunks,
+        // times the smaller count of data disks.
+        let front = new_geometry.array_sectors();
+        debug_assert_eq!(front, size * n, "a backwards reshape starts at the new layout's end");
+        let _g = self.locks.lock(META_LOCK_KEY).await;
+        let start = StateChange::ReshapeStart {
+            raid_disks,
+            new_roles: Vec::new(),
+            new_layout: layout,
+            new_chunk_sectors: new_chunk,
+            offset_delta_sectors: headroom as i64,
+            position_sectors: front,
+        };
+        self.record_new_devices_locked(&[], Some(start)).await?;
+        drop(_g);
+        tracing::info!(
+            from = old_disks,
+            to = raid_disks,
+            headroom_sectors = headroom,
+            size_bytes = to_bytes,
+            "reshape recorded (members removed: the data start moves up, from the end of the array down)"
+        );
+        let paused = self.shape.pause().await;
+        let reshape = Reshape {
+            previous: Arc::new(Layout::settled(geometry)),
+            front_sectors: front,
+            direction: Direction::Backward,
+        };
+        self.shape.install(self.shape.next_shape(Arc::new(Layout::new(new_geometry, headroom)), Some(reshape)));
+        drop(paused);
+        self.maintenance.wake();
+        Ok(())
+    }
+
     /// One window of the running reshape (`None` when none runs).
     pub(crate) async fn reshape_step(&self, max_bytes: u64) -> Result<Option<Step>> {
         let shape = self.shape.load();
@@ -201,37 +316,61 @@ impl<M: Member + ?Sized> Array<M> {
         let unit = co.max(cn) * n;
         let end = reshape_end(&new, &previous);
         let front = reshape.front_sectors;
-        debug_assert_eq!(reshape.direction, Direction::Forward, "raidnbd moves grows forward");
-        if front >= end {
-            return self.finish_reshape(&shape).await.map(Some);
-        }
-        // The new rows of the window must end where the previous layout's rows still in use
-        // begin: at the old stripe holding the front (all offsets from the data origin).
-        let old_rows_in_use = previous.shift_sectors() + front / (o * co) * co;
-        let by_rows = (old_rows_in_use.saturating_sub(new.shift_sectors()) * n).saturating_sub(front) / unit * unit;
         let wanted = (max_bytes / SECTOR_BYTES).clamp(unit, MAX_WINDOW_SECTORS) / unit * unit;
-        let window = wanted.min(by_rows).min(end - front);
-        if window == 0 {
+        // The window's new rows must not reach the previous layout's rows still in use (all
+        // offsets from the data origin): forward, they end where the old stripe holding the
+        // front begins; backwards, they begin where the old stripes below the front end.
+        let (window, next_front) = match reshape.direction {
+            Direction::Forward => {
+                if front >= end {
+                    return self.finish_reshape(&shape).await.map(Some);
+                }
+                let old_rows_in_use = previous.shift_sectors() + front / (o * co) * co;
+                let by_rows =
+                    (old_rows_in_use.saturating_sub(new.shift_sectors()) * n).saturating_sub(front) / unit * unit;
+                let window = wanted.min(by_rows).min(end - front);
+                (front..front + window, front + window)
+            }
+            Direction::Backward => {
+                if front == 0 {
+                    return self.finish_reshape(&shape).await.map(Some);
+                }
+                let old_rows_end = previous.shift_sectors() + front.div_ceil(o * co) * co;
+                let by_rows = front.saturating_sub(old_rows_end.saturating_sub(new.shift_sectors()) * n) / unit * unit;
+                let window = wanted.min(by_rows).min(front);
+                (front - window..front, front - window)
+            }
+        };
+        if window.is_empty() {
             return Err(RaidError::new(
                 ErrorKind::Io,
                 format!("reshape at {front}: the headroom leaves no room for the next new stripe"),
             ));
         }
-        self.shape.close_window(front..front + window).await;
-        let moved = self.move_window(&previous, &new, front, window).await;
+        let sectors = window.end - window.start;
+        self.shape.close_window(window.clone()).await;
+        let moved = self.move_window(&previous, &new, window.start, sectors, next_front).await;
         if let Err(e) = moved {
             self.shape.open_window();
             return Err(e);
         }
-        let next = Reshape { front_sectors: front + window, ..reshape };
+        let next = Reshape { front_sectors: next_front, ..reshape };
         self.shape.install(self.shape.next_shape(new, Some(next)));
         self.shape.open_window();
-        Ok(Some(Step::Worked { work: MaintenanceWork::Reshape, bytes: window * SECTOR_BYTES }))
+        Ok(Some(Step::Worked { work: MaintenanceWork::Reshape, bytes: sectors * SECTOR_BYTES }))
     }
 
-    /// Copies array sectors `[front, front + sectors)` (closed to requests) from `previous`
-    /// into `new`, makes them durable, and records the new front.
-    async fn move_window(&self, previous: &Layout, new: &Layout, front: u64, sectors: u64) -> Result<()> {
+    /// Copies array sectors `[start, start + sectors)` (closed to requests) from `previous`
+    /// into `new`, makes them durable, and records the front at `next_front`.
+    async fn move_window(
+        &self,
+        previous: &Layout,
+        new: &Layout,
+        start: u64,
+        sectors: u64,
+        next_front: u64,
+    ) -> Result<()> {
+        let front = start;
         let mut data = AlignedBuf::zeroed((sectors * SECTOR_BYTES) as usize);
         let old_end = previous.geometry().array_sectors();
         if front < old_end {
@@ -246,7 +385,7 @@ impl<M: Member + ?Sized> Array<M> {
         self.write_striped(new, front, sectors, WriteSource::Data(data.as_slice()), false).await?;
         self.flush().await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
-        self.try_persist_locked(StateChange::ReshapeProgress { position_sectors: front + sectors }).await
+        self.try_persist_locked(StateChange::ReshapeProgress { position_sectors: next_front }).await
     }
 
     /// Past the new layout's end: the new geometry becomes the array's.
@@ -256,8 +395,25 @@ impl<M: Member + ?Sized> Array<M> {
             let _g = self.locks.lock(META_LOCK_KEY).await;
             self.try_persist_locked(StateChange::ReshapeEnd).await?;
         }
-        let layout = shape.layout().clone();
-        self.shape.install(self.shape.next_shape(layout.clone(), None));
+        let new = shape.layout().clone();
+        let layout = Arc::new(Layout::settled(new.geometry().clone()));
+        if new.shift_sectors() == 0 {
+            self.shape.install(self.shape.next_shape(layout.clone(), None));
+        } else {
+            // Backwards: every device's data origin moves up to the new layout, and the roles
+            // removed go (a working device stays as a spare, as md).
+            let paused = self.shape.pause().await;
+            self.members.move_origins((new.shift_sectors() * SECTOR_BYTES) as i64);
+            let previous_roles = shape.reshape().map_or(0, |r| r.previous.geometry().raid_disks());
+            for role in (new.geometry().raid_disks()..previous_roles).rev() {
+                let in_sync = self.members.slots()[role].state() == SlotState::InSync;
+                if let Some(device) = self.members.drop_last_role().filter(|_| in_sync) {
+                    self.members.add_spares(vec![device]);
+                }
+            }
+            self.shape.install(self.shape.next_shape(layout.clone(), None));
+            drop(paused);
+        }
         if let Some(away) = self.away.get() {
             // What it recorded was in the previous layout's terms: a returning member is
             // rebuilt whole.
@@ -275,16 +431,21 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(Step::Finished(MaintenanceWork::Reshape))
     }
 
-    /// Where the running reshape stands: (front, end) in array sectors.
+    /// How far the running reshape is: (array sectors moved, array sectors to move).
     pub(crate) fn reshape_progress(&self) -> Option<(u64, u64)> {
         let shape = self.shape.load();
         let r = shape.reshape()?;
-        Some((r.front_sectors, reshape_end(shape.layout(), &r.previous)))
+        let end = reshape_end(shape.layout(), &r.previous);
+        Some(match r.direction {
+            Direction::Forward => (r.front_sectors, end),
+            Direction::Backward => (end.saturating_sub(r.front_sectors), end),
+        })
     }
 }
 
-/// The array sector the new layout's reshape ends at: md moves `max(chunks)`-row units up to
-/// the device size rounded down to that, times the new data disks.
+/// The array sector the new layout's reshape ends at (going backwards: starts at): md moves
+/// `max(chunks)`-row units up to the device size rounded down to that, times the new data
+/// disks.
 fn reshape_end(new: &Layout, previous: &Layout) -> u64 {
     let (npg, ppg) = (new.parity().expect("raid4/5/6"), previous.parity().expect("raid4/5/6"));
     let rows = u64::from(npg.chunk_sectors().max(ppg.chunk_sectors()));

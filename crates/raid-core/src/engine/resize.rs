@@ -200,7 +200,7 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// The room every device has for data now (asked again), the device with the least, and
     /// each device's data area for the superblocks.
-    async fn device_room(&self) -> Result<(Room, Vec<(usize, u64)>)> {
+    pub(super) async fn device_room(&self) -> Result<(Room, Vec<(usize, u64)>)> {
         let mut devices: Vec<_> = self.members.slots().iter().filter_map(|s| s.device()).collect();
         devices.extend(self.members.spares.lock().expect("spares lock").iter().cloned());
         let mut room = Room { sectors: u64::MAX, device_name: String::new() };
@@ -225,7 +225,7 @@ impl<M: Member + ?Sized> Array<M> {
 }
 
 /// The least room for data of any device, and which device that is.
-struct Room {
-    sectors: u64,
+pub(super) struct Room {
+    pub(super) sectors: u64,
     device_name: String,
 }

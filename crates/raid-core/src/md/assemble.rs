@@ -77,6 +77,10 @@ pub struct Assembly {
     pub recovering_roles: Vec<usize>,
     /// Members too far behind (`events + 1 < freshest`): name and their event count. Not used.
     pub stale: Vec<(String, u64)>,
+    /// Indices into `metadata.members` of those used whose own superblock is one update
+    /// behind the freshest (a crash while it was written): `md::start` writes theirs again
+    /// before anything else.
+    pub behind: Vec<usize>,
     /// The candidate that is the array's write journal (raid4/5/6, feature `JOURNAL`).
     pub journal: Option<usize>,
     /// The array has a journal but no usable journal device was given: md serves it read-only.
@@ -162,7 +166,13 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
     check_single_array(candidates, &sbs, fresh.set_uuid)?;
 
     // 3. Classify each member.
-    let raid_disks = fresh.raid_disks as usize;
+    // Roles: `raid_disks`, or during a reshape that removes members the old count (the
+    // members going keep their roles until it ends).
+    let raid_disks = if fresh.feature_map.contains(FeatureMap::RESHAPE_ACTIVE) && fresh.delta_disks < 0 {
+        (i64::from(fresh.raid_disks) - i64::from(fresh.delta_disks)) as usize
+    } else {
+        fresh.raid_disks as usize
+    };
     let mut members: Vec<Option<usize>> = vec![None; raid_disks];
     let mut spares = Vec::new();
     let mut faulty = Vec::new();
@@ -362,6 +372,8 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
 
     let mut metadata = ArrayMetadata::from_superblock(fresh);
     let member_candidates: Vec<usize> = members.iter().flatten().chain(&spares).chain(&journal).copied().collect();
+    let behind: Vec<usize> =
+        (0..member_candidates.len()).filter(|&k| sbs[member_candidates[k]].events < fresh.events).collect();
     metadata.members = member_candidates
         .iter()
         .map(|&i| {
@@ -418,6 +430,7 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
         missing_roles,
         recovering_roles,
         stale,
+        behind,
         journal,
         journal_missing,
         dirty,

@@ -10,10 +10,12 @@
 //! `max(old chunk, new chunk) × new data disks`. At the end `data_offset` moves by
 //! `new_offset`, `data_size` the other way, and layout and chunk become the new ones.
 //!
-//! raidnbd starts and continues reshapes that change the number of raid4/5/6 members upward,
-//! moving the data start into the headroom before the data (md's no-backup grow), which
-//! is what mdadm does without `--backup-file` when there is room. Anything else found on disk
-//! is refused naming the mdadm command that continues it.
+//! raidnbd starts and continues md's no-backup reshapes of raid4/5/6: those that add members
+//! or change the layout or chunk go forward, moving the data start into the headroom before
+//! the data; those that remove members go backwards (md's `reshape_backwards`), moving the
+//! data start into the room after the data. That is what mdadm does without `--backup-file`
+//! when there is room. Anything else found on disk is refused naming the mdadm command that
+//! continues it.
 
 use crate::error::{ErrorKind, RaidError};
 use crate::geometry::Level;
@@ -37,8 +39,16 @@ pub struct ReshapeState {
     /// md's `reshape_position` (array sectors).
     pub position_sectors: u64,
     /// How far every device's data start moves (md's `new_offset`; negative: into the headroom
-    /// before the data).
+    /// before the data, a forward reshape; positive: into the room after it, backwards).
     pub offset_delta_sectors: i64,
+}
+
+impl ReshapeState {
+    /// Whether it runs from the end down (md: `delta_disks < 0`; raidnbd starts no backwards
+    /// reshape that keeps the member count).
+    pub fn is_backwards(&self) -> bool {
+        self.offset_delta_sectors > 0
+    }
 }
 
 fn cannot(message: String) -> RaidError {
@@ -98,11 +108,10 @@ impl ArrayMetadata {
                  which md does not allow; {with_mdadm}"
             )));
         }
-        if self.delta_disks < 0 || self.features.contains(FeatureMap::RESHAPE_BACKWARDS) {
+        if self.delta_disks >= 0 && self.features.contains(FeatureMap::RESHAPE_BACKWARDS) {
             return Err(cannot(format!(
-                "array {name}: a reshape that removes members or runs backwards (delta_disks {}) is in progress; \
-                 raidnbd continues reshapes that add members or change the layout or chunk; {with_mdadm}",
-                self.delta_disks
+                "array {name}: a layout or chunk change that runs backwards is in progress; raidnbd continues \
+                 reshapes that add members, remove members, or change the layout or chunk going forward; {with_mdadm}"
             )));
         }
         let previous_raid_disks = (self.raid_disks as i64 - i64::from(self.delta_disks)) as usize;
@@ -115,7 +124,9 @@ impl ArrayMetadata {
             .map(|m| if m.features.contains(FeatureMap::NEW_OFFSET) { i64::from(m.new_offset) } else { 0 })
             .collect();
         let delta = deltas.first().copied().unwrap_or(0);
-        if delta >= 0 || deltas.iter().any(|&d| d != delta) {
+        // md's direction rule: members removed, backwards, the data start moving up; else forward, down.
+        let backwards = self.delta_disks < 0;
+        if delta == 0 || (delta > 0) != backwards || deltas.iter().any(|&d| d != delta) {
             return Err(cannot(format!(
                 "array {name}: a reshape that does not move the data start of every member alike (new_offset {deltas:?}) \
                  is in progress; it needs mdadm's backup file: {with_mdadm}"
@@ -160,6 +171,17 @@ impl ArrayMetadata {
                 let earliest = sb_end.max(m.super_offset + bitmap_end).max(m.super_offset + ppl_end).max(bbl_end);
                 m.data_offset.saturating_sub(earliest)
             })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The smallest data area (md's `data_size`) of the devices in the array: a reshape that
+    /// removes members moves the data start up into what lies past the used part (`size`).
+    pub fn data_area_sectors(&self) -> u64 {
+        self.members
+            .iter()
+            .filter(|m| !matches!(self.role(m.dev_number), DevRole::Faulty | DevRole::Journal))
+            .map(|m| m.data_size)
             .min()
             .unwrap_or(0)
     }
@@ -244,5 +266,12 @@ impl ArrayMetadata {
         self.layout = self.new_layout;
         self.chunk_sectors = self.new_chunk;
         self.features.remove(FeatureMap::RESHAPE_ACTIVE | FeatureMap::RESHAPE_BACKWARDS);
+        // Members removed: their devices are spares now (`raid5_finish_reshape`, then
+        // `raid5_remove_disk`).
+        for role in self.dev_roles.iter_mut() {
+            if matches!(*role, DevRole::Active(r) if u32::from(r) >= self.raid_disks) {
+                *role = DevRole::Spare;
+            }
+        }
     }
 }

@@ -88,6 +88,9 @@ pub async fn start<M: Member + ?Sized + 'static>(
         );
         forced_read_only = true;
     }
+    if !options.read_only && !forced_read_only {
+        catch_up_superblocks(assembly, members).await;
+    }
     let bitmap = read_bitmap(assembly, members).await?;
     let mut builder = builder(assembly, members, bitmap)?;
     for (role, bad) in read_bad_blocks(assembly, members).await? {
@@ -106,6 +109,27 @@ pub async fn start<M: Member + ?Sized + 'static>(
     let (array, report) = builder.start(start).await?;
     log_write_hole_start(&report, &start);
     Ok(Started { array, forced_read_only })
+}
+
+/// Writes the superblock of every member one update behind the freshest (a crash while that
+/// update was written) again, at the array's event count, and flushes it, before the array
+/// writes anything: a crash in the array's next update then leaves no member two updates
+/// behind, which assembly would drop as stale. A member that cannot be written is left as it
+/// is (its next superblock write fails it).
+async fn catch_up_superblocks<M: Member + ?Sized>(assembly: &Assembly, members: &[Arc<M>]) {
+    for &k in &assembly.behind {
+        let member = &members[assembly.member_candidates[k]];
+        let image = AlignedBuf::from_slice(&assembly.metadata.superblock_for(k).encode());
+        let (written, _) = member.write_at(SUPERBLOCK_BYTE_OFFSET, image, false).await;
+        let flushed = match written {
+            Ok(()) => member.flush().await,
+            Err(e) => Err(e),
+        };
+        match flushed {
+            Ok(()) => tracing::info!(member = member.name(), "superblock one update behind: written again"),
+            Err(e) => tracing::warn!(member = member.name(), error = %e, "cannot bring the superblock up to date"),
+        }
+    }
 }
 
 /// Says what the write-hole policy's start found and did.
@@ -303,14 +327,17 @@ fn builder<M: Member + ?Sized>(
     let invalid = |e: crate::geometry::GeometryError| {
         RaidError::new(ErrorKind::CannotAssemble, format!("array {}: {e}", meta.name()))
     };
-    // Mid-reshape (md/reshape.rs): the new layout, and the previous one below the data start
-    // that the reshape moves every device's data to (their common origin).
+    // Mid-reshape (md/reshape.rs): the new layout and the previous one, from the devices'
+    // common origin: the lower of the two data starts (the new one going forward, into the
+    // headroom; the old one going backwards, the new layout after it).
     let reshape = meta.reshape_state()?;
+    let new_roles = (meta.raid_disks as usize).min(roles);
     let (geometry, origin_shift_sectors) = match &reshape {
         None => (Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors).map_err(invalid)?, 0),
         Some(r) => (
-            Geometry::new(meta.level, r.new_layout, r.new_chunk_sectors, &member_sectors).map_err(invalid)?,
-            r.offset_delta_sectors.unsigned_abs(),
+            Geometry::new(meta.level, r.new_layout, r.new_chunk_sectors, &member_sectors[..new_roles])
+                .map_err(invalid)?,
+            if r.is_backwards() { 0 } else { r.offset_delta_sectors.unsigned_abs() },
         ),
     };
     let origin_bytes = |data_offset: u64| (data_offset - origin_shift_sectors) * SECTOR_BYTES;
@@ -382,8 +409,12 @@ fn builder<M: Member + ?Sized>(
         let previous =
             Geometry::new(meta.level, meta.layout, meta.chunk_sectors, &member_sectors[..r.previous_raid_disks])
                 .map_err(invalid)?;
-        builder =
-            builder.reshaping(Layout::new(previous, origin_shift_sectors), 0, r.position_sectors, Direction::Forward);
+        let (previous_shift, new_shift, direction) = if r.is_backwards() {
+            (0, r.offset_delta_sectors as u64, Direction::Backward)
+        } else {
+            (origin_shift_sectors, 0, Direction::Forward)
+        };
+        builder = builder.reshaping(Layout::new(previous, previous_shift), new_shift, r.position_sectors, direction);
     }
     Ok(builder)
 }

@@ -153,6 +153,7 @@ impl MetadataStore for MdStore {
             events: self.metadata.events,
             bitmap_events_cleared: self.bitmap.as_ref().map(|b| b.events_cleared),
             headroom_sectors: Some(self.metadata.headroom_sectors()),
+            data_area_sectors: Some(self.metadata.data_area_sectors()),
             bitmap_room_chunks: self.bitmap.as_ref().map(|b| b.room_chunks(self.bitmap_room_bytes(b))),
         }
     }

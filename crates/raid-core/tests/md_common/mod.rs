@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod crash;
 pub mod in_memory;
 
 use std::path::Path;

@@ -1,0 +1,232 @@
+//! Removing members from a raid4/5/6 while it serves (md's backwards reshape: the data start
+//! moves up into the room after the data, the new layout is written from the end of the
+//! array down): the size is confirmed first, every byte that stays reads back right during
+//! and after, with writes racing the windows and restarts from the superblocks at any step
+//! (a SIGKILL: nothing shut down), the superblocks say what md writes, the removed members
+//! end as spares, and parity matches data.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+
+use futures::executor::block_on;
+use raid_core::engine::{Array, MaintenanceWork, Step};
+use raid_core::geometry::Level;
+use raid_core::md::{self, DevRole, FeatureMap, StartOptions};
+use raid_core::{Member, MemoryMember, SECTOR_BYTES};
+
+mod md_common;
+
+use md_common::crash::{Hanging, run_or_crash};
+use md_common::in_memory::{self, Rng, check_all, check_each_role_missing, start, superblock};
+
+const MEMBER_BYTES: u64 = 24 << 20;
+
+fn create(level: Level, disks: usize) -> Vec<Arc<MemoryMember>> {
+    in_memory::create(level, None, disks, 0, false, MEMBER_BYTES)
+}
+
+/// Asks to remove members without naming the size: the refusal names it; then removes them
+/// confirming it. Returns the new size.
+fn remove_confirmed(array: &Array<dyn Member>, raid_disks: usize) -> u64 {
+    let err = block_on(array.admin().remove_members(raid_disks, None, None, None)).unwrap_err();
+    let text = err.to_string();
+    let size: u64 = text
+        .rsplit("--array-size ")
+        .next()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the refusal names the size: {text}"));
+    assert!(text.contains("is lost"), "{text}");
+    let wrong = block_on(array.admin().remove_members(raid_disks, None, None, Some(size + 4096))).unwrap_err();
+    assert!(wrong.to_string().contains(&format!("--array-size {size}")), "{wrong}");
+    block_on(array.admin().remove_members(raid_disks, None, None, Some(size))).expect("the shrink starts");
+    size
+}
+
+/// Removes one member of `level` under writes, restarting (no shutdown) every few windows,
+/// and checks every byte, the superblocks and the spare left.
+fn shrink_under_writes_and_restarts(level: Level, disks: usize, seed: u64) {
+    let members = create(level, disks);
+    let mut rng = Rng(seed);
+    let mut started = start(&members);
+    let old_size = started.array.size_bytes() as usize;
+    let old_data_offset = superblock(&members[0]).data_offset;
+    let mut model = rng.bytes(old_size);
+    in_memory::write_all(&started.array, &model);
+
+    let new_size = remove_confirmed(&started.array, disks - 1) as usize;
+    assert!(new_size < old_size, "{level}: smaller ({old_size} -> {new_size})");
+    assert_eq!(started.array.size_bytes() as usize, new_size, "{level}: the export shrinks at once");
+    model.truncate(new_size);
+    assert!(
+        block_on(started.array.read(new_size as u64, 4096)).is_err(),
+        "{level}: past the new end is refused at once"
+    );
+    let sb = superblock(&members[0]);
+    assert!(sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET), "{:?}", sb.feature_map);
+    assert!(!sb.feature_map.contains(FeatureMap::RESHAPE_BACKWARDS), "md says backwards by delta_disks < 0");
+    assert_eq!((sb.raid_disks, sb.delta_disks), (disks as u32 - 1, -1));
+    assert_eq!(sb.reshape_position * SECTOR_BYTES, new_size as u64, "md starts at the new end");
+    assert!(sb.new_offset > 0, "the data start moves up: {}", sb.new_offset);
+    assert_eq!(superblock(&members[disks - 1]).role(), DevRole::Active(disks as u16 - 1), "still a role");
+    check_all(&started.array, &model, "started");
+
+    let mut steps = 0;
+    let mut restarts = 0;
+    loop {
+        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
+        let at = (rng.next() % ((new_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
+        let data = rng.bytes(len);
+        let read_at = (rng.next() % ((new_size - 65536) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
+        let maintenance = started.array.maintenance();
+        let (step, written, read) = block_on(async {
+            futures::join!(
+                maintenance.step(1 << 20),
+                started.array.write(at, &data, false),
+                started.array.read(read_at, 65536)
+            )
+        });
+        written.unwrap();
+        let read = read.unwrap().to_vec();
+        let before = &model[read_at as usize..read_at as usize + 65536];
+        let after: Vec<u8> = {
+            let mut m = model.clone();
+            m[at as usize..at as usize + len].copy_from_slice(&data);
+            m[read_at as usize..read_at as usize + 65536].to_vec()
+        };
+        assert!(read == before || read == after, "{level}: a read during the reshape returned other bytes");
+        model[at as usize..at as usize + len].copy_from_slice(&data);
+        steps += 1;
+        match step.expect("a reshape step") {
+            Step::Finished(MaintenanceWork::Reshape) => break,
+            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
+            other => panic!("{level}: unexpected step {other:?}"),
+        }
+        if steps % 5 == 0 {
+            drop(started);
+            started = start(&members);
+            restarts += 1;
+            assert!(started.array.shape().reshape().is_some(), "{level}: still reshaping after a restart");
+            assert_eq!(started.array.size_bytes() as usize, new_size, "{level}: the new size after a restart");
+            check_all(&started.array, &model, "after a restart");
+        }
+        assert!(steps < 10_000, "{level}: the reshape does not end");
+    }
+    assert!(restarts >= 2, "{level}: restarted {restarts} times");
+    assert_eq!(started.array.geometry().raid_disks(), disks - 1);
+    assert_eq!(started.array.size_bytes() as usize, new_size);
+    assert_eq!(started.array.admin().spare_status().len(), 1, "{level}: the removed member is a spare");
+    check_all(&started.array, &model, "shrunk");
+    while block_on(started.array.maintenance().step(4 << 20)).unwrap() != Step::Idle {}
+    let units = started.array.maintenance().scrub_units();
+    let counts = block_on(started.array.maintenance().scrub(0, units, false)).unwrap();
+    assert_eq!(counts.mismatch_sectors, 0, "{level}: parity matches data after the shrink");
+    block_on(started.array.shutdown()).unwrap();
+    for m in &members {
+        let sb = superblock(m);
+        assert!(!sb.feature_map.intersects(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET), "{level}: done");
+        assert_eq!(sb.raid_disks as usize, disks - 1);
+        assert!(sb.data_offset > old_data_offset, "{level}: {} moved its data start up", m.name());
+        assert!(sb.data_offset + sb.data_size <= MEMBER_BYTES / SECTOR_BYTES);
+        assert!(sb.is_clean());
+    }
+    assert_eq!(superblock(&members[disks - 1]).role(), DevRole::Spare, "{level}: the removed member");
+    let again = start(&members[..disks - 1]);
+    assert!(again.array.shape().reshape().is_none());
+    assert_eq!(again.array.size_bytes() as usize, new_size);
+    check_all(&again.array, &model, "after a clean restart without the removed member");
+    drop(again);
+    check_each_role_missing(&members[..disks - 1], &model, "shrunk");
+}
+
+#[test]
+fn raid5_loses_a_member_under_writes_and_restarts() {
+    shrink_under_writes_and_restarts(Level::Raid5, 5, 0x55);
+}
+
+#[test]
+fn raid6_loses_a_member_under_writes_and_restarts() {
+    shrink_under_writes_and_restarts(Level::Raid6, 6, 0x66);
+}
+
+#[test]
+fn raid4_loses_a_member_under_writes_and_restarts() {
+    shrink_under_writes_and_restarts(Level::Raid4, 4, 0x44);
+}
+
+#[test]
+fn removing_members_is_refused_where_md_refuses_it() {
+    let members = create(Level::Raid6, 4);
+    let started = start(&members);
+    let err = block_on(started.array.admin().remove_members(3, None, None, None)).unwrap_err();
+    assert!(err.to_string().contains("at least 4"), "raid6 keeps 4 members: {err}");
+    let err = block_on(started.array.admin().remove_members(4, None, None, None)).unwrap_err();
+    assert!(err.to_string().contains("fewer"), "{err}");
+    block_on(started.array.admin().fail_role(1)).unwrap();
+    drop(started);
+    let members = create(Level::Raid5, 4);
+    let started = start(&members);
+    block_on(started.array.admin().fail_role(2)).unwrap();
+    let err = block_on(started.array.admin().remove_members(3, None, None, None)).unwrap_err();
+    assert!(err.to_string().contains("in sync"), "a degraded array is not reshaped: {err}");
+}
+
+/// Crashes at random member writes of the shrink; every restart continues from the
+/// superblocks and no byte that stays is ever lost.
+fn shrink_through_crashes(level: Level, disks: usize, seed: u64) {
+    let members = create(level, disks);
+    let mut rng = Rng(seed);
+    let started = start(&members);
+    let old_size = started.array.size_bytes() as usize;
+    let mut model = rng.bytes(old_size);
+    in_memory::write_all(&started.array, &model);
+    let new_size = remove_confirmed(&started.array, disks - 1) as usize;
+    model.truncate(new_size);
+    drop(started);
+    let mut crashes = 0;
+    let mut done = false;
+    while !done {
+        let budget = Arc::new(AtomicI64::new(1 + (rng.next() % 24) as i64));
+        let hanging: Vec<Arc<dyn Member>> = members
+            .iter()
+            .map(|m| Arc::new(Hanging { inner: m.clone(), budget: budget.clone() }) as Arc<dyn Member>)
+            .collect();
+        let assembly = md_common::assemble(&hanging);
+        let Some(started) = run_or_crash(md::start(&assembly, &hanging, StartOptions::default())) else {
+            crashes += 1;
+            continue;
+        };
+        let started = started.expect("start");
+        assert_eq!(started.array.size_bytes() as usize, new_size, "{level}: the new size from the start");
+        check_all(&started.array, &model, "restarted");
+        done = started.array.shape().reshape().is_none();
+        while !done {
+            match run_or_crash(started.array.maintenance().step(16 << 20)) {
+                None => {
+                    crashes += 1;
+                    break;
+                }
+                Some(Ok(Step::Finished(MaintenanceWork::Reshape))) => done = true,
+                Some(Ok(Step::Worked { work: MaintenanceWork::Reshape, .. })) => {}
+                Some(Ok(other)) => panic!("{level}: unexpected step {other:?} while reshaping"),
+                Some(Err(e)) => panic!("{level}: reshape step failed: {e}"),
+            }
+        }
+    }
+    assert!(crashes >= 5, "{level}: only {crashes} crashes");
+    let started = start(&members);
+    assert!(started.array.shape().reshape().is_none(), "{level}: finished");
+    check_all(&started.array, &model, "shrunk through crashes");
+    while block_on(started.array.maintenance().step(4 << 20)).unwrap() != Step::Idle {}
+    let units = started.array.maintenance().scrub_units();
+    assert_eq!(block_on(started.array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors, 0);
+}
+
+#[test]
+fn raid5_loses_a_member_through_crashes_at_any_member_write() {
+    shrink_through_crashes(Level::Raid5, 4, 0x5d);
+}
+
+#[test]
+fn raid6_loses_a_member_through_crashes_at_any_member_write() {
+    shrink_through_crashes(Level::Raid6, 5, 0x6d);
+}
