@@ -387,16 +387,23 @@ pub struct InspectArgs {
 /// What `grow` changes.
 #[derive(Args, Debug)]
 pub struct GrowOptions {
-    /// The number of members afterwards (the current count plus the members added).
+    /// The number of members afterwards: the current count plus the members added, or fewer
+    /// to remove the last members of a raid4/5/6 (md's backwards reshape; with
+    /// `--array-size`; they become spares when it ends).
     #[arg(short = 'n', long, value_name = "N")]
     pub raid_devices: Option<usize>,
+    /// The array's size once members are removed, in bytes (`--raid-devices` fewer than now):
+    /// the refusal without it names the size. What lies past it is lost, as with md's
+    /// `--grow --array-size`, which mdadm wants before removing members.
+    #[arg(long, value_parser = parse_size, value_name = "BYTES", requires = "raid_devices", conflicts_with_all = ["size", "level", "add"])]
+    pub array_size: Option<u64>,
     /// A new member (path or URI, as `ctl add` takes them); repeat for several. With
     /// `--level`, one member rebuilt into the role the new level adds.
     #[arg(
         short,
         long = "add",
         value_name = "MEMBER",
-        required_unless_present_any = ["size", "level", "layout", "chunk", "integrity"],
+        required_unless_present_any = ["size", "level", "layout", "chunk", "integrity", "raid_devices"],
         conflicts_with = "size"
     )]
     pub add: Vec<String>,

@@ -220,14 +220,27 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
         "grow" => {
             let paths: Vec<&str> =
                 request["paths"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-            crate::grow::check_count(array, request["raid_devices"].as_u64().map(|n| n as usize), paths.len())?;
+            let removing =
+                crate::grow::check_count(array, request["raid_devices"].as_u64().map(|n| n as usize), paths.len())?;
             let (layout, chunk) =
                 crate::grow::placement(array, request["layout"].as_str(), request["chunk_bytes"].as_u64())?;
-            let mut members = Vec::with_capacity(paths.len());
-            for path in paths {
-                members.push(open_for_array(export, path).await?);
+            if let Some(n) = removing {
+                if export.write_back {
+                    bail!(
+                        "{} is served with a write-back cache: removing members is refused (it shrinks the array, and \
+                         cached writes past the new end could not be written back); do it at rest (raidnbd grow)",
+                        export.name
+                    );
+                }
+                let size = request["array_size_bytes"].as_u64();
+                array.admin().remove_members(n, layout, chunk, size).await.map_err(err)?;
+            } else {
+                let mut members = Vec::with_capacity(paths.len());
+                for path in paths {
+                    members.push(open_for_array(export, path).await?);
+                }
+                array.admin().reshape(members, layout, chunk).await.map_err(err)?;
             }
-            array.admin().reshape(members, layout, chunk).await.map_err(err)?;
         }
         "check" | "repair" => array.maintenance().start_scrub(command == "repair").map_err(err)?,
         "idle" => {
@@ -400,6 +413,7 @@ fn status(export: &ControlledExport) -> Value {
             "from_raid_devices": r.previous.geometry().raid_disks(),
             "to_raid_devices": array.geometry().raid_disks(),
             "front_bytes": r.front_sectors * SECTOR_BYTES,
+            "backwards": r.direction == raid_core::engine::Direction::Backward,
         })),
         "away": array.admin().away_status().map(|a| json!({
             "since_events": a.since_events,

@@ -123,6 +123,7 @@ pub async fn run(args: CtlArgs) -> Result<ExitCode> {
                 "paths": g.add.iter().map(|p| absolute(p)).collect::<Result<Vec<_>>>()?,
                 "layout": g.layout,
                 "chunk_bytes": g.chunk,
+                "array_size_bytes": g.array_size,
             }),
         },
         CtlCommand::Check => json!({ "command": "check" }),

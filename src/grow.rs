@@ -1,6 +1,7 @@
 //! `raidnbd grow --add MEMBER... MEMBERS...`: grows an array at rest by members (md's
-//! reshape, as `mdadm --grow --raid-devices N --add MEMBER` with the array stopped), then
-//! moves the data to the end with a progress line. Interrupted (Ctrl-C, a crash), the next
+//! reshape, as `mdadm --grow --raid-devices N --add MEMBER` with the array stopped), or
+//! `--raid-devices N --array-size BYTES` removes its last members (md's backwards reshape),
+//! then moves the data to the end with a progress line. Interrupted (Ctrl-C, a crash), the next
 //! `grow`, `serve` or the kernel continues from where the superblocks say; a reshape already
 //! in progress is continued (with no `--add`).
 //! `raidnbd grow --size max|SIZE MEMBERS...` changes how much of every member the array uses
@@ -26,15 +27,17 @@ use crate::size::{human_bytes, parse_size};
 /// Bytes moved per step (one window: a checkpoint each).
 const STEP_BYTES: u64 = 16 << 20;
 
-/// `--raid-devices`, when given, must be the members now plus those added.
-pub fn check_count(array: &Array<dyn Member>, raid_devices: Option<usize>, added: usize) -> Result<()> {
+/// `--raid-devices`, when given, must be the members now plus those added, or fewer than
+/// now with none added (members removed): `Some(n)` then.
+pub fn check_count(array: &Array<dyn Member>, raid_devices: Option<usize>, added: usize) -> Result<Option<usize>> {
     let now = array.geometry().raid_disks();
     match raid_devices {
+        Some(n) if n < now && added == 0 => Ok(Some(n)),
         Some(n) if n != now + added => bail!(
             "--raid-devices {n}: the array has {now} members and {added} are added; raidnbd grows onto the members \
-             given with --add"
+             given with --add, or removes the last members (fewer than {now}, no --add)"
         ),
-        _ => Ok(()),
+        _ => Ok(None),
     }
 }
 
@@ -143,13 +146,21 @@ pub async fn run(args: GrowArgs) -> Result<()> {
         return Ok(());
     }
     if array.shape().reshape().is_none() {
-        check_count(&array, args.grow.raid_devices, args.grow.add.len())?;
+        let removing = check_count(&array, args.grow.raid_devices, args.grow.add.len())?;
         let (layout, chunk) = placement(&array, args.grow.layout.as_deref(), args.grow.chunk)?;
-        let mut members: Vec<Arc<dyn Member>> = Vec::with_capacity(args.grow.add.len());
-        for path in &args.grow.add {
-            members.push(open_member(path, &options).await?);
+        let started = if let Some(n) = removing {
+            array.admin().remove_members(n, layout, chunk, args.grow.array_size).await
+        } else {
+            let mut members: Vec<Arc<dyn Member>> = Vec::with_capacity(args.grow.add.len());
+            for path in &args.grow.add {
+                members.push(open_member(path, &options).await?);
+            }
+            array.admin().reshape(members, layout, chunk).await
+        };
+        if let Err(e) = started {
+            array.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+            bail!("{name}: {e}");
         }
-        array.admin().reshape(members, layout, chunk).await.map_err(|e| anyhow!("{e}"))?;
     } else {
         eprintln!("{name}: a reshape is in progress: continuing it");
     }
@@ -188,7 +199,7 @@ pub async fn run(args: GrowArgs) -> Result<()> {
     array.shutdown().await.map_err(|e| anyhow!("{e}"))?;
     result?;
     println!(
-        "grown {name}: {} members, {} in {:.1}s",
+        "reshaped {name}: {} members, {} in {:.1}s",
         array.geometry().raid_disks(),
         human_bytes(array.size_bytes()),
         started.elapsed().as_secs_f64()

@@ -276,6 +276,8 @@ fn detail_json(a: &Assembly, candidates: &[Candidate], geometry: Option<&Geometr
             "from_raid_devices": r.previous_raid_disks,
             "to_raid_devices": meta.raid_disks,
             "position_bytes": r.position_sectors * SECTOR_BYTES,
+            "done_bytes": r.done_sectors() * SECTOR_BYTES,
+            "backwards": r.is_backwards(),
         })),
         "degraded": a.degraded,
         "clean": !a.dirty,
@@ -364,7 +366,7 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
         );
     }
     if let Ok(Some(r)) = meta.reshape_state() {
-        let done = r.position_sectors * SECTOR_BYTES;
+        let done = r.done_sectors() * SECTOR_BYTES;
         line("Reshape Status", format!("{} of the new layout written", human_bytes(done)));
         line("Delta Devices", format!("{}, ({}->{})", meta.delta_disks, r.previous_raid_disks, meta.raid_disks));
     }
@@ -376,7 +378,7 @@ async fn show_detail(args: &InspectArgs) -> Result<Assembly> {
     line("Events", meta.events.to_string());
     println!("{t}");
     println!("    Number   RaidDevice State");
-    for role in 0..meta.raid_disks as usize {
+    for role in 0..assembly.members.len() {
         match assembly.members[role] {
             Some(c) => {
                 let index = assembly.member_index_of_candidate(c).expect("used member");

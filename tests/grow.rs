@@ -91,7 +91,7 @@ pub(crate) fn field<'a>(fields: &'a [(String, String)], key: &str) -> &'a str {
 }
 
 /// What mdadm and raidnbd say of each member after a grow to `raid_devices` agree.
-fn mdadm_agrees(d: &Path, members: &[&str], raid_devices: usize) {
+pub(crate) fn mdadm_agrees(d: &Path, members: &[&str], raid_devices: usize) {
     require_tool("mdadm", "mdadm");
     let ours: Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &[&["examine", "--json"][..], members].concat()))).unwrap();

@@ -21,6 +21,7 @@ mod remote_members;
 mod restart;
 mod serve_clients;
 mod service;
+mod shrink;
 mod sparse;
 mod tls;
 mod write_cache;

@@ -397,10 +397,8 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
             "{array_name} is being reshaped from {} to {} members ({} of {} array sectors done); serving it continues the reshape",
             reshape.previous_raid_disks,
             metadata.raid_disks,
-            reshape.position_sectors,
-            fresh.size / u64::from(metadata.chunk_sectors.max(reshape.new_chunk_sectors).max(1))
-                * u64::from(metadata.chunk_sectors.max(reshape.new_chunk_sectors))
-                * (u64::from(metadata.raid_disks) - level.parity_blocks() as u64)
+            reshape.done_sectors(),
+            reshape.end_sectors
         ));
     }
     let dirty = !fresh.is_clean();

@@ -38,6 +38,9 @@ pub struct ReshapeState {
     pub new_chunk_sectors: u32,
     /// md's `reshape_position` (array sectors).
     pub position_sectors: u64,
+    /// Where the new layout ends (md's `raid5_size`: the used size rounded down to both
+    /// chunks, times the smaller count of data disks): a backwards reshape starts there.
+    pub end_sectors: u64,
     /// How far every device's data start moves (md's `new_offset`; negative: into the headroom
     /// before the data, a forward reshape; positive: into the room after it, backwards).
     pub offset_delta_sectors: i64,
@@ -48,6 +51,11 @@ impl ReshapeState {
     /// reshape that keeps the member count).
     pub fn is_backwards(&self) -> bool {
         self.offset_delta_sectors > 0
+    }
+
+    /// Array sectors already in the new layout.
+    pub fn done_sectors(&self) -> u64 {
+        if self.is_backwards() { self.end_sectors.saturating_sub(self.position_sectors) } else { self.position_sectors }
     }
 }
 
@@ -142,7 +150,10 @@ impl ArrayMetadata {
                 self.reshape_position
             )));
         }
+        let rows = u64::from(self.chunk_sectors.max(self.new_chunk));
+        let data_disks = new_data_disks.min(previous_raid_disks as u64 - parity as u64);
         Ok(Some(ReshapeState {
+            end_sectors: self.size / rows * rows * data_disks,
             previous_raid_disks,
             new_layout: self.new_layout,
             new_chunk_sectors: self.new_chunk,
