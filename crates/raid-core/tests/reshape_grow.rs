@@ -152,8 +152,7 @@ fn grow_through_crashes(level: Level, disks: usize, seed: u64) {
     let started = start(&members[..disks]);
     let old_size = started.array.size_bytes() as usize;
     let model = rng.bytes(old_size);
-    block_on(started.array.write(0, &model[..old_size / 2], false)).unwrap();
-    block_on(started.array.write((old_size / 2) as u64, &model[old_size / 2..], false)).unwrap();
+    in_memory::write_all(&started.array, &model);
     block_on(started.array.admin().grow(vec![members[disks].clone() as Arc<dyn Member>])).unwrap();
     drop(started);
     let mut crashes = 0;
@@ -194,9 +193,18 @@ fn grow_through_crashes(level: Level, disks: usize, seed: u64) {
     let mut grown = model.clone();
     grown.resize(started.array.size_bytes() as usize, 0);
     check_all(&started.array, &grown, "grown through crashes");
+    assert_eq!(started.array.geometry().level(), level);
+    assert_eq!(started.array.geometry().raid_disks(), disks + 1);
     while block_on(started.array.maintenance().step(4 << 20)).unwrap() != Step::Idle {}
-    let units = started.array.maintenance().scrub_units();
-    assert_eq!(block_on(started.array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors, 0);
+    if level != Level::Raid0 {
+        let units = started.array.maintenance().scrub_units();
+        assert_eq!(block_on(started.array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors, 0);
+    }
+}
+
+#[test]
+fn raid0_grows_through_crashes_at_any_member_write() {
+    grow_through_crashes(Level::Raid0, 3, 0x0c);
 }
 
 #[test]
@@ -207,4 +215,69 @@ fn raid5_grows_through_crashes_at_any_member_write() {
 #[test]
 fn raid6_grows_through_crashes_at_any_member_write() {
     grow_through_crashes(Level::Raid6, 4, 0x6c);
+}
+
+/// A raid0 grows the way md grows one (mdadm's Grow.c): a raid4 without its parity member,
+/// reshaped onto the new members (the first fills the parity role's place and is recovered by
+/// the reshape, the new layout's parity role stays missing), and a raid0 again at the end;
+/// under writes, with restarts (no shutdown) every few windows.
+#[test]
+fn raid0_grows_by_two_members_through_a_raid4_under_writes_and_restarts() {
+    let disks = 3;
+    let members = in_memory::create(Level::Raid0, None, disks, 2, false, MEMBER_BYTES);
+    let mut rng = Rng(0x0a);
+    let mut started = start(&members[..disks]);
+    let old_size = started.array.size_bytes() as usize;
+    let mut model = rng.bytes(old_size);
+    in_memory::write_all(&started.array, &model);
+    let new: Vec<Arc<dyn Member>> = vec![members[disks].clone(), members[disks + 1].clone()];
+    block_on(started.array.admin().grow(new)).expect("the grow starts");
+    assert_eq!(started.array.geometry().level(), Level::Raid4, "a raid4 while it reshapes");
+    let sb = superblock(&members[0]);
+    assert_eq!((sb.raid_disks, sb.delta_disks), (disks as u32 + 3, 2), "raid4 of 4 -> 6 roles");
+    let filler = superblock(&members[disks]);
+    assert_eq!(filler.role(), md::DevRole::Active(disks as u16), "the first new member fills the parity role");
+    assert_eq!(filler.recovery_offset(), Some(0), "recovered by the reshape");
+    assert_eq!(superblock(&members[disks + 1]).role(), md::DevRole::Active(disks as u16 + 1));
+    let mut steps = 0;
+    loop {
+        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
+        let at = (rng.next() % ((old_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
+        let data = rng.bytes(len);
+        let maintenance = started.array.maintenance();
+        let (step, written) =
+            block_on(async { futures::join!(maintenance.step(1 << 20), started.array.write(at, &data, false)) });
+        written.unwrap();
+        model[at as usize..at as usize + len].copy_from_slice(&data);
+        steps += 1;
+        match step.expect("a reshape step") {
+            Step::Finished(MaintenanceWork::Reshape) => break,
+            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
+            other => panic!("unexpected step {other:?}"),
+        }
+        if steps % 4 == 0 {
+            drop(started);
+            started = start(&members);
+            assert!(started.array.shape().reshape().is_some(), "still reshaping after a restart");
+            assert!(!started.array.is_read_only(), "a raid4 without parity, dirty, still takes writes");
+            check_all(&started.array, &model, "after a restart");
+        }
+        assert!(steps < 10_000, "the reshape does not end");
+    }
+    assert!(steps >= 8, "restarted during the reshape ({steps} steps)");
+    assert_eq!(started.array.geometry().level(), Level::Raid0, "a raid0 again");
+    assert_eq!(started.array.geometry().raid_disks(), disks + 2);
+    let new_size = started.array.size_bytes() as usize;
+    assert_eq!(new_size, old_size / disks * (disks + 2), "two members' more room");
+    model.resize(new_size, 0);
+    check_all(&started.array, &model, "grown");
+    assert_eq!(block_on(started.array.maintenance().step(4 << 20)).unwrap(), Step::Idle, "nothing left to do");
+    block_on(started.array.shutdown()).unwrap();
+    for m in &members {
+        let sb = superblock(m);
+        assert_eq!((sb.level, sb.raid_disks), (Level::Raid0, disks as u32 + 2), "{}", m.name());
+        assert!(sb.recovery_offset().is_none() && !sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE));
+    }
+    let again = start(&members);
+    check_all(&again.array, &model, "after a clean restart");
 }

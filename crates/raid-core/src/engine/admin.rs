@@ -72,8 +72,19 @@ impl<M: Member + ?Sized> Admin<'_, M> {
             }
             devices.push(self.new_device(member).await?);
         }
-        if self.array.layout().geometry().level() == Level::Linear && layout.is_none() && chunk_sectors.is_none() {
+        let level = self.array.layout().geometry().level();
+        if level == Level::Linear && layout.is_none() && chunk_sectors.is_none() {
             return self.array.append(devices).await;
+        }
+        if level == Level::Raid0 && !devices.is_empty() && layout.is_none() {
+            // md's way (mdadm Grow.c): a raid4 without its parity member, reshaped onto the
+            // new members (the first fills the parity role's place), a raid0 again at the end.
+            self.array.take_over(Level::Raid4).await?;
+            let started = self.array.begin_reshape(devices, None, chunk_sectors).await;
+            if started.is_err() {
+                self.array.take_over(Level::Raid0).await?;
+            }
+            return started;
         }
         self.array.begin_reshape(devices, layout, chunk_sectors).await
     }
@@ -140,6 +151,13 @@ impl<M: Member + ?Sized> Admin<'_, M> {
         let slot = self.array.members.role(role)?;
         if !matches!(slot.state(), SlotState::Faulty | SlotState::Missing) {
             return Err(RaidError::new(ErrorKind::Refused, format!("role {role} is not failed")));
+        }
+        if self.array.shape().reshape().is_some() {
+            // A forward reshape takes every recovering member to be recovered by its front.
+            return Err(RaidError::new(
+                ErrorKind::Refused,
+                "a reshape is running: re-add the member when it ends (it is rebuilt then)",
+            ));
         }
         if self.array.intent.is_none() && self.away_since_events().is_none() {
             return Err(RaidError::new(

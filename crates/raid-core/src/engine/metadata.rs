@@ -66,8 +66,10 @@ pub enum StateChange {
     /// The reshape's front is at `position_sectors`: everything below it is in the new layout,
     /// durably (the member writes were flushed before).
     ReshapeProgress { position_sectors: u64 },
-    /// The reshape finished: the new layout, chunk and data offsets are the array's.
-    ReshapeEnd,
+    /// The reshape finished: the new layout, chunk and data offsets are the array's; with
+    /// `then_raid0` the raid4 (without its parity member) it was is a raid0 of the roles
+    /// before the last, in the same update (md's raid0 grow, mdadm's level change after it).
+    ReshapeEnd { then_raid0: bool },
     /// The array's size changed (md's `--grow --size`): every device uses `used_sectors` from
     /// now (md's `size`), and `data_sectors` is the data area each `(device, sectors)` has as
     /// measured now (md's `data_size`). The bitmap, if any, covers `resync_sectors` with bits

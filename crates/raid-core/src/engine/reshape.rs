@@ -96,8 +96,17 @@ impl<M: Member + ?Sized> Array<M> {
                     .into(),
             ));
         }
+        // Every member in sync, but for missing roles that hold only parity (md grows a raid0
+        // as a raid4 without its parity member): the first new members fill them.
         let slots = self.members.slots();
-        if !self.members.is_optimal() || slots.iter().any(|s| s.replacement().is_some()) {
+        let parity_only =
+            geometry.parity().map_or(Vec::new(), |pg| pg.layout().parity_only_roles(geometry.level(), slots.len()));
+        let unusable = |(role, s): (usize, &super::slot::Slot<M>)| match s.state() {
+            SlotState::InSync => false,
+            SlotState::Missing => !parity_only.contains(&role),
+            _ => true,
+        };
+        if slots.iter().enumerate().any(unusable) || slots.iter().any(|s| s.replacement().is_some()) {
             return Err(refused("every member must be in sync, and no replacement built, to grow".into()));
         }
         if self.any_bad() {
@@ -117,6 +126,16 @@ impl<M: Member + ?Sized> Array<M> {
         let geometry = self.check_growable()?;
         let pg = geometry.parity().expect("a parity level");
         let (old_disks, new_disks) = (geometry.raid_disks(), geometry.raid_disks() + devices.len());
+        // Missing roles (parity only) are filled by the first devices, recovered by the reshape
+        // as it writes the new layout; as many roles at the end of the new layout stay missing.
+        let holes: Vec<usize> =
+            (0..old_disks).filter(|&r| self.members.slots()[r].state() == SlotState::Missing).collect();
+        if holes.len() > devices.len() {
+            return Err(refused(format!(
+                "roles {holes:?} are missing: add at least {} members (the first fill them as the data moves)",
+                holes.len()
+            )));
+        }
         let layout = new_layout.unwrap_or(geometry.layout());
         let new_chunk = new_chunk_sectors.unwrap_or(pg.chunk_sectors());
         if geometry.level() == Level::Raid4 && layout != geometry.layout() {
@@ -164,7 +183,8 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let headroom = have.min(MAX_HEADROOM_SECTORS).max(need) / chunk * chunk;
         let _g = self.locks.lock(META_LOCK_KEY).await;
-        let new_roles = devices.iter().enumerate().map(|(i, d)| (d.id, old_disks + i)).collect();
+        let roles: Vec<usize> = holes.iter().copied().chain(old_disks..new_disks - holes.len()).collect();
+        let new_roles = devices.iter().zip(&roles).map(|(d, &role)| (d.id, role)).collect();
         let start = StateChange::ReshapeStart {
             raid_disks: new_disks,
             new_roles,
@@ -186,8 +206,14 @@ impl<M: Member + ?Sized> Array<M> {
         // Every request waits while the devices' data origin moves to the new data start.
         let paused = self.shape.pause().await;
         self.members.move_origins(-((headroom * SECTOR_BYTES) as i64));
-        let added = self.members.take_spares(&devices);
-        self.members.add_roles(added);
+        let mut added = self.members.take_spares(&devices).into_iter();
+        for (&role, device) in holes.iter().zip(added.by_ref()) {
+            self.members.slots()[role].install(device, Some(0));
+        }
+        self.members.add_roles(added.collect());
+        for _ in &holes {
+            self.members.add_missing_role();
+        }
         let reshape = Reshape {
             previous: Arc::new(Layout::new(geometry, headroom)),
             front_sectors: 0,
@@ -215,6 +241,9 @@ impl<M: Member + ?Sized> Array<M> {
         let geometry = self.check_growable()?;
         let pg = geometry.parity().expect("a parity level");
         let old_disks = geometry.raid_disks();
+        if !self.members.is_optimal() {
+            return Err(refused("every member must be in sync to remove members".into()));
+        }
         if raid_disks >= old_disks {
             return Err(refused(format!(
                 "{raid_disks} members: removing members leaves fewer than the {old_disks} there are"
@@ -354,6 +383,13 @@ impl<M: Member + ?Sized> Array<M> {
             self.shape.open_window();
             return Err(e);
         }
+        if reshape.direction == Direction::Forward {
+            // Members filling missing roles hold the new layout's rows below the front now.
+            let rows = new.shift_sectors() + next_front / n;
+            for slot in self.members.slots().iter().filter(|s| s.state() == SlotState::Recovering) {
+                slot.set_recovery_offset(rows);
+            }
+        }
         let next = Reshape { front_sectors: next_front, ..reshape };
         self.shape.install(self.shape.next_shape(new, Some(next)));
         self.shape.open_window();
@@ -391,13 +427,34 @@ impl<M: Member + ?Sized> Array<M> {
     /// Past the new layout's end: the new geometry becomes the array's.
     async fn finish_reshape(&self, shape: &Arc<Shape>) -> Result<Step> {
         self.flush().await?;
+        // A raid4 whose one missing role is its parity: md's way of growing a raid0, which
+        // mdadm takes back to raid0 when the reshape ends (Grow.c); raidnbd does it in the
+        // same superblock update, so a crash never leaves it half way.
+        let raid0 = match self.is_raid0_grown_through_raid4(shape.layout().geometry()) {
+            true => Some(self.takeover_plan(shape.layout().geometry(), Level::Raid0)?),
+            false => None,
+        };
         {
             let _g = self.locks.lock(META_LOCK_KEY).await;
-            self.try_persist_locked(StateChange::ReshapeEnd).await?;
+            self.try_persist_locked(StateChange::ReshapeEnd { then_raid0: raid0.is_some() }).await?;
         }
         let new = shape.layout().clone();
         let layout = Arc::new(Layout::settled(new.geometry().clone()));
-        if new.shift_sectors() == 0 {
+        for slot in self.members.slots().iter().filter(|s| s.state() == SlotState::Recovering) {
+            slot.set_in_sync();
+        }
+        if let Some(plan) = raid0 {
+            let paused = self.shape.pause().await;
+            self.members.drop_last_role();
+            let geometry =
+                Geometry::new(plan.level, plan.layout, plan.chunk_sectors, &vec![plan.size_sectors; plan.raid_disks])
+                    .map_err(|e| refused(format!("raid0: {e}")))?;
+            self.shape.install(self.shape.next_shape(Arc::new(Layout::settled(geometry)), None));
+            // A resync left pending by a crash means nothing without redundancy.
+            self.maintenance.lock().resync_next_unit = None;
+            drop(paused);
+            tracing::info!(members = plan.raid_disks, "the raid4 without its parity member is a raid0 again");
+        } else if new.shift_sectors() == 0 {
             self.shape.install(self.shape.next_shape(layout.clone(), None));
         } else {
             // Backwards: every device's data origin moves up to the new layout, and the roles
@@ -426,9 +483,18 @@ impl<M: Member + ?Sized> Array<M> {
             size_bytes = layout.geometry().array_sectors() * SECTOR_BYTES,
             "reshape finished"
         );
-        let mut m = self.maintenance.lock();
-        m.current = None;
+        self.maintenance.lock().current = None;
         Ok(Step::Finished(MaintenanceWork::Reshape))
+    }
+
+    /// Whether `new` (the layout a reshape ends in) is a raid4 whose one missing role is its
+    /// parity: md's way of growing a raid0.
+    fn is_raid0_grown_through_raid4(&self, new: &Geometry) -> bool {
+        let slots = self.members.slots();
+        let last = new.raid_disks() - 1;
+        new.level() == Level::Raid4
+            && slots.len() == new.raid_disks()
+            && slots.iter().enumerate().all(|(r, s)| (s.state() == SlotState::Missing) == (r == last))
     }
 
     /// How far the running reshape is: (array sectors moved, array sectors to move).

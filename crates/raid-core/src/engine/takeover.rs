@@ -41,14 +41,14 @@ pub struct LevelChanged {
 }
 
 /// The new level's md fields.
-struct Plan {
-    level: Level,
-    layout: u32,
-    chunk_sectors: u32,
-    raid_disks: usize,
-    size_sectors: u64,
+pub(super) struct Plan {
+    pub(super) level: Level,
+    pub(super) layout: u32,
+    pub(super) chunk_sectors: u32,
+    pub(super) raid_disks: usize,
+    pub(super) size_sectors: u64,
     /// raid0: every member's data area becomes `size_sectors` (one zone).
-    data_size_is_size: bool,
+    pub(super) data_size_is_size: bool,
 }
 
 fn refused(message: String) -> RaidError {
@@ -93,7 +93,7 @@ fn chunk_for_raid1(size_sectors: u64) -> Option<u32> {
 
 impl<M: Member + ?Sized> Array<M> {
     /// The new level's fields, or why the change cannot be made.
-    fn takeover_plan(&self, geometry: &Geometry, to: Level) -> Result<Plan> {
+    pub(super) fn takeover_plan(&self, geometry: &Geometry, to: Level) -> Result<Plan> {
         let from = geometry.level();
         let disks = geometry.raid_disks();
         let parity_layout = geometry.parity().map(|pg| pg.layout());

@@ -106,13 +106,22 @@ impl Assembly {
     /// are safe to miss: the data is all there and the resync recomputes the parity.
     pub fn parity_untrusted(&self) -> bool {
         let meta = &self.metadata;
-        let parity_only = match ParityLayout::from_md(meta.layout) {
-            Some(layout) if meta.level.parity_blocks() > 0 => layout.parity_only_roles(meta.level, self.members.len()),
-            _ if meta.level == Level::Raid4 => vec![self.members.len() - 1],
+        let parity_only = |layout: u32, roles: usize| match ParityLayout::from_md(layout) {
+            Some(layout) if meta.level.parity_blocks() > 0 => layout.parity_only_roles(meta.level, roles),
+            _ if meta.level == Level::Raid4 => vec![roles - 1],
             _ => Vec::new(),
         };
-        let data_missing =
-            self.missing_roles.iter().chain(&self.recovering_roles).any(|role| !parity_only.contains(role));
+        let roles = self.members.len();
+        // Going forward, a member filling a missing role holds the new layout below the front
+        // (the reshape recovers it) and stood for a parity-only role of the old one.
+        let (missing_parity, recovering_parity) = if meta.is_reshaping() && meta.delta_disks >= 0 {
+            let old_roles = (i64::from(meta.raid_disks) - i64::from(meta.delta_disks)) as usize;
+            (parity_only(meta.new_layout, roles), parity_only(meta.layout, old_roles.min(roles)))
+        } else {
+            (parity_only(meta.layout, roles), parity_only(meta.layout, roles))
+        };
+        let data_missing = self.missing_roles.iter().any(|role| !missing_parity.contains(role))
+            || self.recovering_roles.iter().any(|role| !recovering_parity.contains(role));
         self.dirty
             && data_missing
             && meta.level.parity_blocks() > 0
@@ -231,7 +240,14 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
             }
             role
         };
-        check_same_geometry(&array_name, &candidates[freshest].name, fresh, &c.name, sb)?;
+        if behind == 1 {
+            // It missed the last update, which may have changed the geometry (a takeover, a
+            // reshape starting or ending): it takes the freshest's, as its role (the kernel
+            // too reads the geometry from the freshest only).
+            check_same_array(&array_name, &candidates[freshest].name, fresh, &c.name, sb)?;
+        } else {
+            check_same_geometry(&array_name, &candidates[freshest].name, fresh, &c.name, sb)?;
+        }
         for (key_name, previous) in [
             ("dev_number", by_dev_number.insert(sb.dev_number, i)),
             ("device UUID", by_device_uuid.insert(sb.device_uuid, i)),
@@ -264,7 +280,7 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
                     )));
                 }
                 members[r] = Some(i);
-                if sb.recovery_offset().is_some() {
+                if sb.recovery_offset().is_some() && !super::reshape::missed_forward_reshape_end(sb, fresh) {
                     recovering_roles.push(r);
                 }
             }
@@ -320,6 +336,9 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
         }
         parts.join("; ")
     };
+    let forward_reshape = fresh.feature_map.contains(FeatureMap::RESHAPE_ACTIVE)
+        && fresh.delta_disks >= 0
+        && matches!(fresh.level, Level::Raid4 | Level::Raid5 | Level::Raid6);
     let mut unavailable: Vec<usize> = missing_roles.iter().chain(&recovering_roles).copied().collect();
     unavailable.sort_unstable();
     let level = fresh.level;
@@ -348,6 +367,15 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
     };
     let runs = match &geometry {
         None => false,
+        Some(_) if forward_reshape => {
+            // A member filling a missing role holds the new layout below the front (the
+            // reshape recovers it) and nothing of the old one: each layout on its own terms.
+            let old_roles = (i64::from(fresh.raid_disks) - i64::from(fresh.delta_disks)) as usize;
+            let shaped = |layout, chunk, roles| Geometry::new(level, layout, chunk, &vec![fresh.size; roles]).ok();
+            let old = shaped(fresh.layout, fresh.chunksize, old_roles.min(raid_disks));
+            let new = shaped(fresh.new_layout, fresh.new_chunk, raid_disks);
+            old.is_some_and(|g| g.survives(&unavailable)) && new.is_some_and(|g| g.survives(&missing_roles))
+        }
         Some(g) => unavailable.is_empty() || g.survives(&unavailable),
     };
     if !runs {
@@ -485,6 +513,22 @@ fn check_same_geometry(
     Err(cannot(format!(
         "cannot assemble {array_name}: {name} has the same UUID as {fresh_name} but a different {}",
         what.join(", ")
+    )))
+}
+
+/// A device one update behind the freshest: created with it (the same creation time).
+fn check_same_array(
+    array_name: &str,
+    fresh_name: &str,
+    fresh: &Superblock,
+    name: &str,
+    sb: &Superblock,
+) -> Result<(), RaidError> {
+    if sb.ctime == fresh.ctime {
+        return Ok(());
+    }
+    Err(cannot(format!(
+        "cannot assemble {array_name}: {name} has the same UUID as {fresh_name} but a different creation time"
     )))
 }
 

@@ -63,22 +63,50 @@ fn cannot(message: String) -> RaidError {
     RaidError::new(ErrorKind::CannotAssemble, message)
 }
 
+/// Whether a device's own superblock `own` says a forward reshape runs that the freshest,
+/// `fresh`, says has ended: a member it was recovering is whole (every row was written
+/// before the end was recorded).
+pub(crate) fn missed_forward_reshape_end(own: &Superblock, fresh: &Superblock) -> bool {
+    own.feature_map.contains(FeatureMap::RESHAPE_ACTIVE)
+        && !fresh.feature_map.contains(FeatureMap::RESHAPE_ACTIVE)
+        && own.delta_disks >= 0
+}
+
 impl MemberMetadata {
     /// A device whose own superblock `own` missed the update that started or ended a reshape
     /// (md assembles a device one event behind the freshest, `fresh`): its data offsets as
     /// they are now. Started: it moves its data start with the others (the freshest's
-    /// `new_offset`); ended: its data start has moved.
+    /// `new_offset`); ended: its data start has moved. One that missed a checkpoint of a
+    /// forward reshape while it fills a missing role: recovered up to the freshest's front.
+    /// One that missed a takeover to raid0: its data area is the component size.
     pub fn catch_up_with_reshape(&mut self, own: &Superblock, fresh: &Superblock) {
         let reshaping = |sb: &Superblock| sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE);
         let moving = |sb: &Superblock| reshaping(sb) && sb.feature_map.contains(FeatureMap::NEW_OFFSET);
         if moving(fresh) && !reshaping(own) && own.data_offset == fresh.data_offset {
             self.new_offset = fresh.new_offset;
             self.features.insert(FeatureMap::NEW_OFFSET);
-        } else if !reshaping(fresh) && moving(own) {
+        }
+        let forward =
+            reshaping(fresh) && fresh.delta_disks >= 0 && !fresh.feature_map.contains(FeatureMap::RESHAPE_BACKWARDS);
+        if let (true, Some(offset)) = (forward, self.recovery_offset) {
+            // Filling a missing role: recovered up to the front, which the freshest superblock
+            // may record further on than this device's own (a crash while they were written;
+            // the rows were flushed before either).
+            let data_disks = u64::from(fresh.raid_disks).saturating_sub(fresh.level.parity_blocks() as u64).max(1);
+            self.recovery_offset = Some(offset.max(fresh.reshape_position / data_disks));
+        } else if missed_forward_reshape_end(own, fresh) {
+            self.recovery_offset = None;
+        }
+        if !reshaping(fresh) && moving(own) {
             let delta = i64::from(own.new_offset);
             self.data_offset = self.data_offset.saturating_add_signed(delta);
             self.data_size = self.data_size.saturating_add_signed(-delta);
             self.features.remove(FeatureMap::NEW_OFFSET);
+        }
+        if fresh.level == Level::Raid0 && own.level != Level::Raid0 && fresh.size != 0 {
+            // It missed a takeover to raid0 (md's `raid0_takeover_raid45`): its data area is
+            // the component size, as every other member's (one zone).
+            self.data_size = fresh.size;
         }
     }
 }
@@ -254,10 +282,23 @@ impl ArrayMetadata {
         }
     }
 
-    /// The reshape's front, durably.
+    /// The reshape's front, durably. Going forward, a member filling a missing role is
+    /// recovered up to the new layout's rows below the front (md raises `recovery_offset` of
+    /// members not in sync at each checkpoint).
     pub fn set_reshape_position(&mut self, position_sectors: u64) {
         debug_assert!(self.is_reshaping(), "reshape progress without a reshape");
         self.reshape_position = position_sectors;
+        if self.delta_disks >= 0 && !self.features.contains(FeatureMap::RESHAPE_BACKWARDS) {
+            let data_disks = u64::from(self.raid_disks).saturating_sub(self.level.parity_blocks() as u64).max(1);
+            let reached = position_sectors / data_disks;
+            for m in &mut self.members {
+                if m.recovery_offset.is_some()
+                    && matches!(self.dev_roles.get(m.dev_number as usize), Some(DevRole::Active(_)))
+                {
+                    m.recovery_offset = Some(reached);
+                }
+            }
+        }
     }
 
     /// Ends the reshape (md's `md_finish_reshape` and `raid5_finish_reshape`): the new layout
@@ -272,6 +313,13 @@ impl ArrayMetadata {
                 m.data_offset = m.data_offset.saturating_add_signed(delta);
                 m.data_size = m.data_size.saturating_add_signed(-delta);
                 m.features.remove(FeatureMap::NEW_OFFSET);
+            }
+        }
+        // Members recovered by the reshape hold their whole role now (md's `end_reshape`).
+        for m in &mut self.members {
+            if matches!(self.dev_roles.get(m.dev_number as usize), Some(DevRole::Active(r)) if u32::from(*r) < self.raid_disks)
+            {
+                m.recovery_offset = None;
             }
         }
         self.layout = self.new_layout;

@@ -14,6 +14,7 @@ use crate::bad_ranges::BadRanges;
 use crate::buf::AlignedBuf;
 use crate::engine::{MetadataStore, MetadataSummary, StateChange, SuperblockWrite};
 use crate::error::{ErrorKind, RaidError};
+use crate::geometry::Level;
 use crate::md::{
     ArrayMetadata, Bitmap, DevRole, FeatureMap, MAX_DEV, MdUuid, MemberMetadata, SUPERBLOCK_BYTE_OFFSET,
     encode_bad_blocks,
@@ -231,6 +232,7 @@ impl MetadataStore for MdStore {
                 offset_delta_sectors,
                 position_sectors,
             } => {
+                let previous_raid_disks = self.metadata.raid_disks as usize;
                 self.metadata.start_reshape(
                     raid_disks,
                     new_layout,
@@ -240,14 +242,24 @@ impl MetadataStore for MdStore {
                 );
                 for &(device, role) in new_roles {
                     // A role the old layout never had: in sync from the start (md's
-                    // raid5_start_reshape), as the new layout reaches only what it wrote.
+                    // raid5_start_reshape), as the new layout reaches only what it wrote. One
+                    // the old layout had (a missing one filled): recovered by the reshape, its
+                    // recovery offset following the front.
                     let dev = self.dev_number(device)?;
                     self.metadata.set_role(dev, DevRole::Active(role as u16))?;
-                    self.metadata.set_recovery_offset(dev, None)?;
+                    let recovery = (role < previous_raid_disks).then_some(0);
+                    self.metadata.set_recovery_offset(dev, recovery)?;
                 }
             }
             StateChange::ReshapeProgress { position_sectors } => self.metadata.set_reshape_position(position_sectors),
-            StateChange::ReshapeEnd => self.metadata.finish_reshape(),
+            StateChange::ReshapeEnd { then_raid0 } => {
+                self.metadata.finish_reshape();
+                if then_raid0 {
+                    let m = &self.metadata;
+                    let (chunk, raid_disks, size) = (m.chunk_sectors, m.raid_disks as usize - 1, m.size);
+                    self.metadata.take_over(Level::Raid0, 0, chunk, raid_disks, size, true);
+                }
+            }
             StateChange::Append { raid_disks, ref new_roles } => {
                 let devs =
                     new_roles.iter().map(|&(device, _)| self.dev_number(device)).collect::<Result<Vec<_>, _>>()?;
