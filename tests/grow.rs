@@ -218,6 +218,32 @@ fn an_array_at_rest_grows_and_refusals_say_why() {
     let linear = ["l0", "l1", "l2"];
     mdadm_agrees(d, &linear, 3);
 
+    // A raid0 grows as md grows one: through a raid4 without its parity member.
+    assert_ok(&raidnbd(d, &["create", "--level", "0", "--chunk", "64K", "--size", "16M", "z0", "z1"]));
+    std::fs::File::create(d.join("z2")).unwrap().set_len(16 << 20).unwrap();
+    {
+        let served = Served::start(d, "a", &[], &["z0", "z1"]);
+        run_ok(Command::new("nbdcopy").arg(d.join("data")).arg(served.uri("a")));
+        served.stop();
+    }
+    let out = assert_ok(&raidnbd(d, &["grow", "--add", "z2", "z0", "z1"]));
+    assert!(out.contains("3 members"), "{out}");
+    let raid0 = ["z0", "z1", "z2"];
+    let detail: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &raid0].concat()))).unwrap();
+    assert_eq!(
+        (detail["raid_level"].as_str(), detail["raid_devices"].as_u64()),
+        (Some("raid0"), Some(3)),
+        "{detail:#}"
+    );
+    let served = Served::start(d, "a", &[], &raid0);
+    run_ok(Command::new("nbdcopy").arg(served.uri("a")).arg(d.join("back0")));
+    served.stop();
+    let back = std::fs::read(d.join("back0")).unwrap();
+    assert!(back[..data.len()] == data[..], "the data survives the raid0 grow");
+    assert!(back[data.len()..].iter().all(|&b| b == 0), "the rest reads as zeros");
+    mdadm_agrees(d, &raid0, 3);
+
     // A raid5 with md's partial parity log (its default) is not reshaped, as md does not.
     assert_ok(&raidnbd(d, &["create", "--level", "5", "--size", "24M", "p0", "p1", "p2"]));
     std::fs::File::create(d.join("p3")).unwrap().set_len(24 << 20).unwrap();
@@ -410,4 +436,61 @@ fn a_write_back_export_grows_online_but_shrinks_only_at_rest() {
     served.stop();
     let out = assert_ok(&raidnbd(d, &["grow", "--size", "16M", "m0", "m1"]));
     assert!(out.contains("shrank"), "{out}");
+}
+
+/// A raid0 grows by two members online as md grows one (a raid4 without its parity member
+/// while the data moves, a raid0 again at the end), through ten SIGKILLs under writes.
+#[test]
+fn a_raid0_grows_online_through_sigkills_under_writes() {
+    require_libnbd_python();
+    require_tool("fio", "fio");
+    let dir = tempdir();
+    let d = dir.path();
+    assert_ok(&raidnbd(d, &["create", "--level", "0", "--chunk", "64K", "--size", "40M", "m0", "m1", "m2"]));
+    for m in ["m3", "m4"] {
+        std::fs::File::create(d.join(m)).unwrap().set_len(40 << 20).unwrap();
+    }
+    let members = ["m0", "m1", "m2", "m3", "m4"];
+    let log = d.join("durable.log");
+    let sock = d.join("c.sock").to_str().unwrap().to_string();
+    let serve = |members: &[&str]| {
+        let served = Served::start(d, "a", &["--control", &sock], members);
+        assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "1M", "2M"]));
+        served
+    };
+    let served = serve(&members[..3]);
+    let old_size = status(d, &sock)["size_bytes"].as_u64().unwrap();
+    assert!(old_size >= 80 << 20, "room for the writer's 64 MiB and fio's 16 MiB: {old_size}");
+    run_ok(&mut fio_region(&served.uri("a"), &["--do_verify=1"]));
+    assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "grow", "--raid-devices", "5", "--add", "m3", "--add", "m4"]));
+    let s = status(d, &sock);
+    assert_eq!(s["level"], "raid4", "a raid4 while the data moves: {s:#}");
+    assert_eq!(s["reshape"]["from_raid_devices"], 4, "{s:#}");
+    assert_eq!(s["reshape"]["to_raid_devices"], 6, "{s:#}");
+    let served = sigkill_rounds(
+        d,
+        &sock,
+        &log,
+        served,
+        || serve(&members),
+        |s, round| assert!(!s["reshape"].is_null(), "round {round}: the kill lands inside the reshape"),
+        |s, round| assert!(!s["reshape"].is_null(), "round {round}: the restart continues the reshape: {s:#}"),
+    );
+    assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "100M", "200M"]));
+    assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "wait", "--timeout", "120s"]));
+    let s = status(d, &sock);
+    assert!(s["reshape"].is_null(), "{s:#}");
+    assert_eq!(s["level"], "raid0", "a raid0 again: {s:#}");
+    assert_eq!(s["roles"].as_array().unwrap().len(), 5, "{s:#}");
+    let new_size = s["size_bytes"].as_u64().unwrap();
+    assert_eq!(new_size, old_size / 3 * 5, "five members' room");
+    let size = run_ok(Command::new("nbdinfo").args(["--size", &served.uri("a")]));
+    assert_eq!(size.trim(), new_size.to_string());
+    run_ok(Command::new(PYTHON).arg(writer()).arg(served.uri("a")).arg(&log).arg("verify"));
+    run_ok(&mut fio_region(&served.uri("a"), &["--verify_only"]));
+    served.stop();
+    mdadm_agrees(d, &members, 5);
+    for m in members {
+        assert_eq!(field(&mdadm_examine(&d.join(m)), "Raid Level"), "raid0", "{m}");
+    }
 }

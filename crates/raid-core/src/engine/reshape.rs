@@ -194,6 +194,9 @@ impl<M: Member + ?Sized> Array<M> {
             position_sectors: 0,
         };
         self.record_new_devices_locked(&devices, Some(start)).await?;
+        // Out of the spares before the lock goes: no spare assignment (or rebuild) may take
+        // them into a missing role meanwhile.
+        let mut added = self.members.take_spares(&devices);
         drop(_g);
         tracing::info!(
             from = old_disks,
@@ -205,12 +208,16 @@ impl<M: Member + ?Sized> Array<M> {
         );
         // Every request waits while the devices' data origin moves to the new data start.
         let paused = self.shape.pause().await;
-        self.members.move_origins(-((headroom * SECTOR_BYTES) as i64));
-        let mut added = self.members.take_spares(&devices).into_iter();
-        for (&role, device) in holes.iter().zip(added.by_ref()) {
+        let delta_bytes = -((headroom * SECTOR_BYTES) as i64);
+        self.members.move_origins(delta_bytes);
+        added.iter_mut().for_each(|d| d.move_origin(delta_bytes));
+        // Those filling missing roles are recovered by the front: the old layout reads nothing
+        // from them (they stood for parity-only roles), the new one only below the front.
+        let others = added.split_off(holes.len());
+        for (&role, device) in holes.iter().zip(added) {
             self.members.slots()[role].install(device, Some(0));
         }
-        self.members.add_roles(added.collect());
+        self.members.add_roles(others);
         for _ in &holes {
             self.members.add_missing_role();
         }
@@ -478,9 +485,9 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let roles = self.members.slots().iter().filter(|s| s.state() == SlotState::InSync).count();
         tracing::info!(
-            members = layout.geometry().raid_disks(),
+            members = self.members.slots().len(),
             in_sync = roles,
-            size_bytes = layout.geometry().array_sectors() * SECTOR_BYTES,
+            size_bytes = self.size_bytes(),
             "reshape finished"
         );
         self.maintenance.lock().current = None;

@@ -441,13 +441,8 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
             "{array_name} is dirty and degraded: its partial parity log is replayed at start, which makes the \
              parity of the stripes written around the crash right again"
         ));
-    } else if dirty && degraded && level.parity_blocks() > 0 {
-        notices.push(format!(
-            "{array_name} is dirty and degraded: parity written around the crash may be wrong, so data rebuilt from \
-             it may be too (md refuses to start such an array unless forced)"
-        ));
     }
-    Ok(Assembly {
+    let mut assembly = Assembly {
         metadata,
         members,
         member_candidates,
@@ -462,7 +457,14 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
         dirty,
         degraded,
         notices,
-    })
+    };
+    if assembly.parity_untrusted() {
+        assembly.notices.push(format!(
+            "{array_name} is dirty and degraded: parity written around the crash may be wrong, so data rebuilt from \
+             it may be too (md refuses to start such an array unless forced)"
+        ));
+    }
+    Ok(assembly)
 }
 
 /// All candidates must carry `uuid`; otherwise name every group.

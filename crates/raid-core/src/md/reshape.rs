@@ -88,12 +88,12 @@ impl MemberMetadata {
         }
         let forward =
             reshaping(fresh) && fresh.delta_disks >= 0 && !fresh.feature_map.contains(FeatureMap::RESHAPE_BACKWARDS);
-        if let (true, Some(offset)) = (forward, self.recovery_offset) {
-            // Filling a missing role: recovered up to the front, which the freshest superblock
-            // may record further on than this device's own (a crash while they were written;
-            // the rows were flushed before either).
+        if let (true, Some(_)) = (forward, self.recovery_offset) {
+            // Filling a missing role: recovered exactly up to the front, which the freshest
+            // superblock may record further on than this device's own (a crash while they were
+            // written; the rows were flushed before either).
             let data_disks = u64::from(fresh.raid_disks).saturating_sub(fresh.level.parity_blocks() as u64).max(1);
-            self.recovery_offset = Some(offset.max(fresh.reshape_position / data_disks));
+            self.recovery_offset = Some(fresh.reshape_position / data_disks);
         } else if missed_forward_reshape_end(own, fresh) {
             self.recovery_offset = None;
         }
