@@ -11,8 +11,8 @@
 //! no new row is ever written over an old row still in use.
 //!
 //! - Start ([`Array::begin_reshape`] / [`Array::begin_shrink`], from `Admin`): checked
-//!   (raid4/5/6, no log, no bitmap, every role in sync, nothing else running, room before
-//!   the data, or after it); the new devices are recorded and the start is written to every
+//!   (raid4/5/6, no log, every role in sync, nothing else running, room before the data, or
+//!   after it); the new devices are recorded and the start is written to every
 //!   superblock (`StateChange::ReshapeStart`, the front at 0, or at the new end going
 //!   backwards); then, with every request paused, the shape becomes two layouts (going
 //!   forward the devices' data origin moves to the new data start first and the new roles
@@ -30,6 +30,11 @@
 //!   new geometry (`ReshapeEnd`; removed members become spares), the shape settles on it
 //!   (going backwards the data origin moves to the new data start and the removed roles go),
 //!   and the export has its new size.
+//!
+//! A write-intent bitmap stays on through a reshape, as md keeps it: a write marks the rows
+//! of the layout it goes to (md's resync space is the device's rows in either), so after a
+//! crash the rows written in the new layout are resynced once the reshape has ended, and
+//! stripes of the old layout are rewritten whole, parity from data, as the front passes.
 //!
 //! A crash at any point restarts from the recorded front (md's `reshape_position`): the window
 //! after it is moved again from rows nothing has overwritten. The kernel continues such a
@@ -86,13 +91,6 @@ impl<M: Member + ?Sized> Array<M> {
             return Err(refused(
                 "md reshapes no array with a partial parity log or a write journal: serve it with --consistency-policy \
                  resync (mdadm --grow --consistency-policy=resync) to grow it"
-                    .into(),
-            ));
-        }
-        if self.intent.is_some() {
-            return Err(refused(
-                "the array has a write-intent bitmap, which raidnbd does not carry through a reshape yet: remove it \
-                 first (mdadm --grow --bitmap=none)"
                     .into(),
             ));
         }
