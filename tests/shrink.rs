@@ -133,4 +133,34 @@ fn an_array_at_rest_loses_members_and_refusals_say_why() {
         serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members[..4]].concat()))).unwrap();
     assert_eq!(check["mismatch_cnt"], 0);
     mdadm_agrees(d, &members, 4);
+
+    // A raid0 loses a member as md does it: through a raid4 without its parity member.
+    let raid0 = ["z0", "z1", "z2"];
+    assert_ok(&raidnbd(d, &[&["create", "--level", "0", "--chunk", "64K", "--size", "16M"][..], &raid0].concat()));
+    {
+        let served = Served::start(d, "a", &[], &raid0);
+        run_ok(Command::new("nbdcopy").arg(d.join("data")).arg(served.uri("a")).arg("--destination-is-zero"));
+        served.stop();
+    }
+    let grow = |args: &[&str]| raidnbd(d, &[&["grow"][..], args, &raid0].concat());
+    let size = size_named(&grow(&["--raid-devices", "2"]));
+    assert!(size >= 24 << 20, "two members of about 16 MiB: {size}");
+    let out = assert_ok(&grow(&["--raid-devices", "2", "--array-size", &size.to_string()]));
+    assert!(out.contains("2 members"), "{out}");
+    let detail: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &raid0].concat()))).unwrap();
+    assert_eq!(
+        (detail["raid_level"].as_str(), detail["raid_devices"].as_u64()),
+        (Some("raid0"), Some(2)),
+        "{detail:#}"
+    );
+    assert_eq!(detail["spares"].as_array().unwrap().len(), 1, "{detail:#}");
+    let served = Served::start(d, "a", &[], &raid0[..2]);
+    run_ok(Command::new("nbdcopy").arg(served.uri("a")).arg(d.join("back0")));
+    served.stop();
+    let back = std::fs::read(d.join("back0")).unwrap();
+    assert_eq!(back.len() as u64, size);
+    let kept = size as usize;
+    assert!(back[..kept.min(data.len())] == data[..kept.min(data.len())], "the data that stays survives");
+    mdadm_agrees(d, &raid0, 2);
 }

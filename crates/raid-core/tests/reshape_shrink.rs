@@ -216,9 +216,79 @@ fn shrink_through_crashes(level: Level, disks: usize, seed: u64) {
     let started = start(&members);
     assert!(started.array.shape().reshape().is_none(), "{level}: finished");
     check_all(&started.array, &model, "shrunk through crashes");
+    assert_eq!((started.array.geometry().level(), started.array.geometry().raid_disks()), (level, disks - 1));
     while block_on(started.array.maintenance().step(4 << 20)).unwrap() != Step::Idle {}
-    let units = started.array.maintenance().scrub_units();
-    assert_eq!(block_on(started.array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors, 0);
+    if level != Level::Raid0 {
+        let units = started.array.maintenance().scrub_units();
+        assert_eq!(block_on(started.array.maintenance().scrub(0, units, false)).unwrap().mismatch_sectors, 0);
+    }
+}
+
+#[test]
+fn raid0_loses_a_member_through_crashes_at_any_member_write() {
+    shrink_through_crashes(Level::Raid0, 4, 0x0d);
+}
+
+/// A raid0 loses a member the way md does it: a raid4 without its parity member, reshaped
+/// backwards to one role more than the members kept (the member removed holds the new
+/// parity while its data moves to the others), a raid0 again at the end, the removed member
+/// a spare; under writes, with restarts.
+#[test]
+fn raid0_loses_a_member_through_a_raid4_under_writes_and_restarts() {
+    let disks = 4;
+    let members = create(Level::Raid0, disks);
+    let mut rng = Rng(0x0e);
+    let mut started = start(&members);
+    let old_size = started.array.size_bytes() as usize;
+    let mut model = rng.bytes(old_size);
+    in_memory::write_all(&started.array, &model);
+    let before = superblock(&members[0]).events;
+    let new_size = remove_confirmed(&started.array, disks - 1) as usize;
+    assert!(new_size < old_size / disks * (disks - 1) + 1, "{old_size} -> {new_size}");
+    model.truncate(new_size);
+    assert_eq!(started.array.geometry().level(), Level::Raid4, "a raid4 while it reshapes");
+    let sb = superblock(&members[0]);
+    assert!(sb.events > before);
+    assert_eq!((sb.level, sb.raid_disks, sb.delta_disks), (Level::Raid4, disks as u32, -1), "raid4 of 5 -> 4 roles");
+    let mut steps = 0;
+    loop {
+        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
+        let at = (rng.next() % ((new_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
+        let data = rng.bytes(len);
+        let maintenance = started.array.maintenance();
+        let (step, written) =
+            block_on(async { futures::join!(maintenance.step(1 << 20), started.array.write(at, &data, false)) });
+        written.unwrap();
+        model[at as usize..at as usize + len].copy_from_slice(&data);
+        steps += 1;
+        match step.expect("a reshape step") {
+            Step::Finished(MaintenanceWork::Reshape) => break,
+            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
+            other => panic!("unexpected step {other:?}"),
+        }
+        if steps % 4 == 0 {
+            drop(started);
+            started = start(&members);
+            assert!(started.array.shape().reshape().is_some(), "still reshaping after a restart");
+            assert!(!started.array.is_read_only(), "a raid4 without parity, dirty, still takes writes");
+            check_all(&started.array, &model, "after a restart");
+        }
+        assert!(steps < 10_000, "the reshape does not end");
+    }
+    assert!(steps >= 8, "restarted during the reshape ({steps} steps)");
+    assert_eq!((started.array.geometry().level(), started.array.geometry().raid_disks()), (Level::Raid0, disks - 1));
+    assert_eq!(started.array.size_bytes() as usize, new_size);
+    assert_eq!(started.array.admin().spare_status().len(), 1, "the removed member (it held the new parity)");
+    check_all(&started.array, &model, "shrunk");
+    block_on(started.array.shutdown()).unwrap();
+    for (i, m) in members.iter().enumerate() {
+        let sb = superblock(m);
+        assert_eq!((sb.level, sb.raid_disks), (Level::Raid0, disks as u32 - 1), "{}", m.name());
+        let role = if i < disks - 1 { DevRole::Active(i as u16) } else { DevRole::Spare };
+        assert_eq!(sb.role(), role, "{}", m.name());
+    }
+    let again = start(&members[..disks - 1]);
+    check_all(&again.array, &model, "after a clean restart without the removed member");
 }
 
 #[test]

@@ -19,7 +19,7 @@ use super::{Array, META_LOCK_KEY, MetadataSummary, RoleStatus, StateChange};
 use crate::SECTOR_BYTES;
 use crate::bad_ranges::BadRanges;
 use crate::error::{ErrorKind, RaidError, Result};
-use crate::geometry::Level;
+use crate::geometry::{Geometry, Level};
 use crate::member::Member;
 
 /// The administration handle of an array (see the module docs).
@@ -89,7 +89,7 @@ impl<M: Member + ?Sized> Admin<'_, M> {
         self.array.begin_reshape(devices, layout, chunk_sectors).await
     }
 
-    /// Removes members from a raid4/5/6 (`mdadm --grow --array-size S` then `--raid-devices
+    /// Removes members from a raid0/4/5/6 (`mdadm --grow --array-size S` then `--raid-devices
     /// N`): md's backwards reshape to `raid_disks` roles, optionally to `layout` and
     /// `chunk_sectors` (engine/reshape.rs). The export shrinks to the new size on return,
     /// which `confirmed_bytes` must name (the refusal says it); the data moves in the
@@ -101,6 +101,27 @@ impl<M: Member + ?Sized> Admin<'_, M> {
         chunk_sectors: Option<u32>,
         confirmed_bytes: Option<u64>,
     ) -> Result<()> {
+        let geometry = self.array.layout().geometry().clone();
+        if geometry.level() == Level::Raid0 && layout.is_none() {
+            // md's way, as a raid0 grows: a raid4 without its parity member, reshaped to one
+            // role more than the members kept, a raid0 again at the end. The size is
+            // confirmed before anything changes.
+            let as_raid4 = Geometry::new(
+                Level::Raid4,
+                0,
+                geometry.chunk_sectors(),
+                &vec![geometry.member_sectors(0); geometry.raid_disks() + 1],
+            )
+            .map_err(|e| RaidError::new(ErrorKind::Refused, format!("raid0 as a raid4: {e}")))?;
+            let plan = self.array.shrink_plan(&as_raid4, raid_disks + 1, None, chunk_sectors).await?;
+            self.array.confirm_shrink(&plan, geometry.raid_disks().saturating_sub(raid_disks), confirmed_bytes)?;
+            self.array.take_over(Level::Raid4).await?;
+            let started = self.array.begin_shrink(raid_disks + 1, None, chunk_sectors, confirmed_bytes).await;
+            if started.is_err() {
+                self.array.take_over(Level::Raid0).await?;
+            }
+            return started;
+        }
         self.array.begin_shrink(raid_disks, layout, chunk_sectors, confirmed_bytes).await
     }
 

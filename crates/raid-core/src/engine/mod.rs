@@ -489,6 +489,18 @@ impl<M: Member + ?Sized> Array<M> {
         self.shape.load().max_failures() > 0
     }
 
+    /// Whether every parity the layout has lies on roles that hold nothing else and are all
+    /// missing (a raid4 without its parity member: md's raid0 in disguise).
+    fn parity_all_missing(&self) -> bool {
+        let shape = self.shape.load();
+        let g = shape.layout().geometry();
+        let Some(pg) = g.parity() else { return false };
+        let parity_only = pg.layout().parity_only_roles(g.level(), g.raid_disks());
+        let slots = self.members.slots();
+        parity_only.len() == g.level().parity_blocks()
+            && parity_only.iter().all(|&r| slots.get(r).is_some_and(|s| s.state() == SlotState::Missing))
+    }
+
     /// Error unless the array still holds all its data.
     pub(crate) fn check_survives(&self, what: &str) -> Result<()> {
         let failed = self.members.failed_roles();
@@ -532,6 +544,12 @@ impl<M: Member + ?Sized> Array<M> {
     async fn ensure_dirty(&self) -> Result<()> {
         if self.metadata.is_none() || self.dirty.load(Ordering::Acquire) {
             return Ok(());
+        }
+        if self.parity_all_missing() {
+            // No parity can go stale: the superblocks stay clean, as md's raid0 -> raid4
+            // takeover leaves them, so the kernel starts such an array after a crash (md
+            // refuses a dirty degraded one).
+            return self.check_survives("write");
         }
         let _g = self.locks.lock(META_LOCK_KEY).await;
         if !self.dirty.load(Ordering::Acquire) {

@@ -59,6 +59,16 @@ const MAX_HEADROOM_SECTORS: u64 = 64 << 11; // 64 MiB
 /// A window moves at most this much array data (one checkpoint per window).
 const MAX_WINDOW_SECTORS: u64 = 16 << 11; // 16 MiB
 
+/// What removing members takes (`Array::shrink_plan`).
+pub(crate) struct ShrinkPlan {
+    /// md's `size` afterwards (it shrinks first when the room after the data is short).
+    size_sectors: u64,
+    from_size_sectors: u64,
+    /// How far the data start moves up.
+    headroom_sectors: u64,
+    new_geometry: Geometry,
+}
+
 fn refused(message: String) -> RaidError {
     RaidError::new(ErrorKind::Refused, message)
 }
@@ -230,25 +240,18 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
-    /// Starts a reshape that removes members (md's backwards reshape): to `raid_disks` roles
-    /// (fewer than now), `new_layout` and `new_chunk_sectors` (`None`: as now). The export
-    /// shrinks at once to what the new layout holds, which `confirmed_bytes` must name (md
-    /// wants `--array-size` first); where the members' data areas have too little room after
-    /// the used part for the move, the used part shrinks first (md's `size`). The removed
-    /// members become spares when it ends. See the module docs.
-    pub(crate) async fn begin_shrink(
+    /// What removing members from an array of `geometry` (raid4/5/6) to `raid_disks` roles,
+    /// `layout` and `chunk_sectors` takes: the new layout (of the used part that leaves room
+    /// after it for the move), the move, and the size to confirm.
+    pub(crate) async fn shrink_plan(
         &self,
+        geometry: &Geometry,
         raid_disks: usize,
         new_layout: Option<u32>,
         new_chunk_sectors: Option<u32>,
-        confirmed_bytes: Option<u64>,
-    ) -> Result<()> {
-        let geometry = self.check_growable()?;
+    ) -> Result<ShrinkPlan> {
         let pg = geometry.parity().expect("a parity level");
         let old_disks = geometry.raid_disks();
-        if !self.members.is_optimal() {
-            return Err(refused("every member must be in sync to remove members".into()));
-        }
         if raid_disks >= old_disks {
             return Err(refused(format!(
                 "{raid_disks} members: removing members leaves fewer than the {old_disks} there are"
@@ -281,33 +284,64 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let headroom = (area - size).min(MAX_HEADROOM_SECTORS.max(need)) / chunk * chunk;
         let new_geometry = shaped(size)?;
-        let to_bytes = new_geometry.array_sectors() * SECTOR_BYTES;
-        if confirmed_bytes != Some(to_bytes) {
-            let used = if size < pg.size_sectors() {
-                format!(
-                    "; each member's used part shrinks from {} to {size} sectors, to leave room for the data start to \
-                     move {headroom} sectors up",
-                    pg.size_sectors()
-                )
-            } else {
-                String::new()
-            };
-            return Err(refused(format!(
-                "removing {} of {old_disks} members shrinks the array from {} to {to_bytes} bytes{used}: what lies \
-                 past that is lost, so shrink what the array holds first (resize2fs), then confirm the new size: \
-                 --array-size {to_bytes}",
-                old_disks - raid_disks,
-                self.size_bytes()
-            )));
+        debug_assert_eq!(new_geometry.array_sectors(), size * n, "md's raid5_size: both chunks divide the size");
+        Ok(ShrinkPlan {
+            size_sectors: size,
+            headroom_sectors: headroom,
+            new_geometry,
+            from_size_sectors: pg.size_sectors(),
+        })
+    }
+
+    /// Refuses to shrink the export to what `plan` gives unless `confirmed_bytes` names it.
+    pub(crate) fn confirm_shrink(&self, plan: &ShrinkPlan, removed: usize, confirmed_bytes: Option<u64>) -> Result<()> {
+        let to_bytes = plan.new_geometry.array_sectors() * SECTOR_BYTES;
+        if confirmed_bytes == Some(to_bytes) {
+            return Ok(());
         }
-        if size < pg.size_sectors() {
+        let used = if plan.size_sectors < plan.from_size_sectors {
+            format!(
+                "; each member's used part shrinks from {} to {} sectors, to leave room for the data start to move {} \
+                 sectors up",
+                plan.from_size_sectors, plan.size_sectors, plan.headroom_sectors
+            )
+        } else {
+            String::new()
+        };
+        Err(refused(format!(
+            "removing {removed} members shrinks the array from {} to {to_bytes} bytes{used}: what lies past that is \
+             lost, so shrink what the array holds first (resize2fs), then confirm the new size: --array-size {to_bytes}",
+            self.size_bytes()
+        )))
+    }
+
+    /// Starts a reshape that removes members (md's backwards reshape): to `raid_disks` roles
+    /// (fewer than now), `new_layout` and `new_chunk_sectors` (`None`: as now). The export
+    /// shrinks at once to what the new layout holds, which `confirmed_bytes` must name (md
+    /// wants `--array-size` first); where the members' data areas have too little room after
+    /// the used part for the move, the used part shrinks first (md's `size`). The removed
+    /// members become spares when it ends. See the module docs.
+    pub(crate) async fn begin_shrink(
+        &self,
+        raid_disks: usize,
+        new_layout: Option<u32>,
+        new_chunk_sectors: Option<u32>,
+        confirmed_bytes: Option<u64>,
+    ) -> Result<()> {
+        let geometry = self.check_growable()?;
+        let old_disks = geometry.raid_disks();
+        let plan = self.shrink_plan(&geometry, raid_disks, new_layout, new_chunk_sectors).await?;
+        self.confirm_shrink(&plan, old_disks - raid_disks, confirmed_bytes)?;
+        let ShrinkPlan { size_sectors: size, headroom_sectors: headroom, new_geometry, .. } = plan;
+        let to_bytes = new_geometry.array_sectors() * SECTOR_BYTES;
+        let (layout, new_chunk) = (new_geometry.layout(), new_geometry.chunk_sectors());
+        if size < geometry.component_sectors() {
             self.resize(SizeTarget::Sectors(size)).await?;
         }
         let geometry = self.check_growable()?;
         // md starts a backwards reshape at `raid5_size`: the used part rounded to both chunks,
         // times the smaller count of data disks.
         let front = new_geometry.array_sectors();
-        debug_assert_eq!(front, size * n, "a backwards reshape starts at the new layout's end");
         let _g = self.locks.lock(META_LOCK_KEY).await;
         let start = StateChange::ReshapeStart {
             raid_disks,
@@ -435,7 +469,7 @@ impl<M: Member + ?Sized> Array<M> {
         // A raid4 whose one missing role is its parity: md's way of growing a raid0, which
         // mdadm takes back to raid0 when the reshape ends (Grow.c); raidnbd does it in the
         // same superblock update, so a crash never leaves it half way.
-        let raid0 = match self.is_raid0_grown_through_raid4(shape.layout().geometry()) {
+        let raid0 = match self.is_raid0_through_raid4(shape) {
             true => Some(self.takeover_plan(shape.layout().geometry(), Level::Raid0)?),
             false => None,
         };
@@ -448,18 +482,7 @@ impl<M: Member + ?Sized> Array<M> {
         for slot in self.members.slots().iter().filter(|s| s.state() == SlotState::Recovering) {
             slot.set_in_sync();
         }
-        if let Some(plan) = raid0 {
-            let paused = self.shape.pause().await;
-            self.members.drop_last_role();
-            let geometry =
-                Geometry::new(plan.level, plan.layout, plan.chunk_sectors, &vec![plan.size_sectors; plan.raid_disks])
-                    .map_err(|e| refused(format!("raid0: {e}")))?;
-            self.shape.install(self.shape.next_shape(Arc::new(Layout::settled(geometry)), None));
-            // A resync left pending by a crash means nothing without redundancy.
-            self.maintenance.lock().resync_next_unit = None;
-            drop(paused);
-            tracing::info!(members = plan.raid_disks, "the raid4 without its parity member is a raid0 again");
-        } else if new.shift_sectors() == 0 {
+        if new.shift_sectors() == 0 {
             self.shape.install(self.shape.next_shape(layout.clone(), None));
         } else {
             // Backwards: every device's data origin moves up to the new layout, and the roles
@@ -475,6 +498,24 @@ impl<M: Member + ?Sized> Array<M> {
             }
             self.shape.install(self.shape.next_shape(layout.clone(), None));
             drop(paused);
+        }
+        if let Some(plan) = raid0 {
+            // The parity role goes (missing after a grow; after a shrink its device, which
+            // held the new layout's parity, is a spare).
+            let paused = self.shape.pause().await;
+            let last = self.members.slots().len() - 1;
+            let in_sync = self.members.slots()[last].state() == SlotState::InSync;
+            if let Some(device) = self.members.drop_last_role().filter(|_| in_sync) {
+                self.members.add_spares(vec![device]);
+            }
+            let sizes = vec![plan.size_sectors; plan.raid_disks];
+            let geometry = Geometry::new(plan.level, plan.layout, plan.chunk_sectors, &sizes)
+                .map_err(|e| refused(format!("raid0: {e}")))?;
+            self.shape.install(self.shape.next_shape(Arc::new(Layout::settled(geometry)), None));
+            // A resync left pending by a crash means nothing without redundancy.
+            self.maintenance.lock().resync_next_unit = None;
+            drop(paused);
+            tracing::info!(members = plan.raid_disks, "the raid4 reshaped without its parity member is a raid0 again");
         }
         if let Some(away) = self.away.get() {
             // What it recorded was in the previous layout's terms: a returning member is
@@ -492,14 +533,18 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(Step::Finished(MaintenanceWork::Reshape))
     }
 
-    /// Whether `new` (the layout a reshape ends in) is a raid4 whose one missing role is its
-    /// parity: md's way of growing a raid0.
-    fn is_raid0_grown_through_raid4(&self, new: &Geometry) -> bool {
+    /// Whether the reshape of `shape` is md's way of changing a raid0's members: a raid4
+    /// whose parity role is missing, in the new layout (grown: the first new member took the
+    /// old parity role's place) or in the previous one (members removed).
+    fn is_raid0_through_raid4(&self, shape: &Shape) -> bool {
         let slots = self.members.slots();
-        let last = new.raid_disks() - 1;
-        new.level() == Level::Raid4
-            && slots.len() == new.raid_disks()
-            && slots.iter().enumerate().all(|(r, s)| (s.state() == SlotState::Missing) == (r == last))
+        let missing: Vec<usize> = (0..slots.len()).filter(|&r| slots[r].state() == SlotState::Missing).collect();
+        let parity_missing = |g: &Geometry| {
+            g.level() == Level::Raid4 && slots.len() == g.raid_disks() && missing == [g.raid_disks() - 1]
+        };
+        shape.layout().geometry().level() == Level::Raid4
+            && (parity_missing(shape.layout().geometry())
+                || shape.reshape().is_some_and(|r| parity_missing(r.previous.geometry())))
     }
 
     /// How far the running reshape is: (array sectors moved, array sectors to move).

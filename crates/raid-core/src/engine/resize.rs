@@ -30,6 +30,7 @@ use std::sync::atomic::Ordering;
 
 use super::maintenance::MIRROR_UNIT_SECTORS;
 use super::shape::Layout;
+use super::slot::SlotState;
 use super::{Array, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -78,13 +79,8 @@ impl<M: Member + ?Sized> Array<M> {
                 layout.far_copies
             )));
         }
-        let slots = self.members.slots();
-        if !self.members.is_optimal() || slots.iter().any(|s| s.replacement().is_some()) {
-            return Err(refused(
-                "every member must be in sync, and no replacement built, to change the size (the new space is \
-                 resynced from all of them)"
-                    .into(),
-            ));
+        if self.members.slots().iter().any(|s| s.replacement().is_some() || s.state() == SlotState::Recovering) {
+            return Err(refused("no member may be rebuilt or replaced while the size changes".into()));
         }
         Ok(geometry)
     }
@@ -124,6 +120,11 @@ impl<M: Member + ?Sized> Array<M> {
             }
             SizeTarget::Sectors(sectors) => sectors,
         };
+        if (to > from || matches!(target, SizeTarget::Max)) && !self.members.is_optimal() {
+            return Err(refused(
+                "every member must be in sync to grow the size (the new space is resynced from all of them)".into(),
+            ));
+        }
         let from_bytes = self.size_bytes();
         if to == from {
             return Ok(Resized {

@@ -235,6 +235,11 @@ impl<M: Member + ?Sized> Array<M> {
             self.members.add_spares(vec![device]);
         }
         let missing_role = (added > 0).then(|| self.members.add_missing_role());
+        if from == Level::Raid0 {
+            // Recorded clean with the takeover (no parity yet to go stale): the next write
+            // marks it dirty only once a parity member is being built (`ensure_dirty`).
+            self.dirty.store(false, std::sync::atomic::Ordering::Release);
+        }
         self.shape.install(self.shape.next_shape(Arc::new(Layout::settled(new_geometry)), None));
         drop(_g);
         drop(paused);

@@ -346,7 +346,17 @@ pub fn assemble(candidates: &[Candidate]) -> Result<Assembly, RaidError> {
         None // no sizes for absent members, and no redundancy anyway
     } else {
         let member_sectors: Vec<u64> = match level {
-            Level::Linear | Level::Raid0 => members.iter().map(|m| m.map_or(0, |i| sbs[i].data_size)).collect(),
+            // Each member's data area as it is now (one that missed the last update, caught up).
+            Level::Linear | Level::Raid0 => members
+                .iter()
+                .map(|m| {
+                    m.map_or(0, |i| {
+                        let mut member = ArrayMetadata::member_from_superblock(sbs[i]);
+                        member.catch_up_with_reshape(sbs[i], fresh);
+                        member.data_size
+                    })
+                })
+                .collect(),
             _ => vec![fresh.size; raid_disks],
         };
         // Without RAID0_LAYOUT md treats a raid0 layout as unknown and refuses multi-zone arrays.

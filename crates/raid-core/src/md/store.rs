@@ -257,6 +257,11 @@ impl MetadataStore for MdStore {
                 if then_raid0 {
                     let m = &self.metadata;
                     let (chunk, raid_disks, size) = (m.chunk_sectors, m.raid_disks as usize - 1, m.size);
+                    // The parity role's device, if any (a shrink's), is a spare (as md's
+                    // `level_store`: slots past raid_disks lose their role).
+                    if let Some(dev) = m.dev_number_for_role(raid_disks) {
+                        self.metadata.set_role(dev, DevRole::Spare)?;
+                    }
                     self.metadata.take_over(Level::Raid0, 0, chunk, raid_disks, size, true);
                 }
             }
@@ -282,7 +287,13 @@ impl MetadataStore for MdStore {
                     let dev = self.dev_number(device)?;
                     self.metadata.set_role(dev, DevRole::Spare)?;
                 }
+                let from_raid0 = self.metadata.level == Level::Raid0;
                 self.metadata.take_over(level, layout, chunk_sectors, raid_disks, size_sectors, data_size_is_size);
+                if from_raid0 {
+                    // Its parity role is missing: nothing to resync (md's
+                    // `raid45_takeover_raid0` sets `recovery_cp = MaxSector`).
+                    self.metadata.set_clean();
+                }
             }
             StateChange::Resize {
                 used_sectors,
