@@ -112,6 +112,12 @@ fn an_array_at_rest_loses_members_and_refusals_say_why() {
     }
     let grow = |args: &[&str]| raidnbd(d, &[&["grow"][..], args, &members].concat());
     assert_user_error(&grow(&["--raid-devices", "3"]), "at least 4");
+    for (level, needle) in [("linear", "appending"), ("10", "raid10")] {
+        let others = ["o0", "o1", "o2", "o3"];
+        assert_ok(&raidnbd(d, &[&["create", "--force", "--level", level, "--size", "16M"][..], &others].concat()));
+        let out = raidnbd(d, &[&["grow", "--raid-devices", "3", "--array-size", "1M"][..], &others].concat());
+        assert_user_error(&out, needle);
+    }
     assert_user_error(&grow(&["--raid-devices", "5", "--add", "m6"]), "--raid-devices 5");
     let size = size_named(&grow(&["--raid-devices", "4"]));
     assert!(size >= data.len() as u64, "two data members of about 24 MiB hold the data: {size}");

@@ -91,11 +91,28 @@ impl<M: Member + ?Sized> Array<M> {
     fn check_growable(&self) -> Result<Geometry> {
         self.check_writable("grow")?;
         let geometry = self.settled_and_idle("grow")?;
-        if !matches!(geometry.level(), Level::Raid4 | Level::Raid5 | Level::Raid6) {
-            return Err(refused(format!(
-                "raidnbd grows raid4, raid5 and raid6 by members so far, not {}",
-                geometry.level()
-            )));
+        match geometry.level() {
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => {}
+            Level::Linear => {
+                return Err(refused(
+                    "a linear array only grows by appending members (md's linear has no removal): copy it to a new \
+                     array to drop one"
+                        .into(),
+                ));
+            }
+            Level::Raid1 => {
+                return Err(refused(
+                    "a mirror changes its member count without a reshape: add a member (ctl add) or fail and remove \
+                     one (ctl fail, ctl remove)"
+                        .into(),
+                ));
+            }
+            level => {
+                return Err(refused(format!(
+                    "raidnbd reshapes raid0, raid4, raid5 and raid6 by members so far, not {level} (mdadm --grow \
+                     does it for raid10 near layouts)"
+                )));
+            }
         }
         if !self.write_hole.reshapes() {
             return Err(refused(
