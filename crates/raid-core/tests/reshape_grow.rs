@@ -11,7 +11,7 @@ use futures::executor::block_on;
 use raid_core::engine::{MaintenanceWork, Step};
 use raid_core::geometry::Level;
 use raid_core::md::{self, FeatureMap, StartOptions};
-use raid_core::{Member, MemoryMember, SECTOR_BYTES};
+use raid_core::{Member, MemoryMember};
 
 mod md_common;
 
@@ -31,7 +31,7 @@ fn create(level: Level, disks: usize, extra: usize) -> Vec<Arc<MemoryMember>> {
 fn grow_under_writes_and_restarts(level: Level, disks: usize, seed: u64) {
     let members = create(level, disks, 1);
     let mut rng = Rng(seed);
-    let mut started = start(&members[..disks]);
+    let started = start(&members[..disks]);
     let old_size = started.array.size_bytes() as usize;
     let old_data_offset = superblock(&members[0]).data_offset;
     let mut model = rng.bytes(old_size);
@@ -48,48 +48,8 @@ fn grow_under_writes_and_restarts(level: Level, disks: usize, seed: u64) {
     assert!(sb.new_offset < 0, "the data start moves into the headroom: {}", sb.new_offset);
     assert_eq!(superblock(&members[disks]).dev_roles, sb.dev_roles, "the new member has the array's role table");
 
-    let mut steps = 0;
-    let mut restarts = 0;
-    loop {
-        // A write and a read racing the window being moved.
-        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
-        let at = (rng.next() % ((old_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
-        let data = rng.bytes(len);
-        let read_at = (rng.next() % ((old_size - 65536) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
-        let maintenance = started.array.maintenance();
-        let (step, written, read) = block_on(async {
-            futures::join!(
-                maintenance.step(1 << 20),
-                started.array.write(at, &data, false),
-                started.array.read(read_at, 65536)
-            )
-        });
-        written.unwrap();
-        let read = read.unwrap().to_vec();
-        let before = &model[read_at as usize..read_at as usize + 65536];
-        let after: Vec<u8> = {
-            let mut m = model.clone();
-            m[at as usize..at as usize + len].copy_from_slice(&data);
-            m[read_at as usize..read_at as usize + 65536].to_vec()
-        };
-        assert!(read == before || read == after, "{level}: a read during the reshape returned other bytes");
-        model[at as usize..at as usize + len].copy_from_slice(&data);
-        steps += 1;
-        match step.expect("a reshape step") {
-            Step::Finished(MaintenanceWork::Reshape) => break,
-            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
-            other => panic!("{level}: unexpected step {other:?}"),
-        }
-        if steps % 5 == 0 {
-            // SIGKILL: no flush, no shutdown; the next start continues from the superblocks.
-            drop(started);
-            started = start(&members);
-            restarts += 1;
-            assert!(started.array.shape().reshape().is_some(), "{level}: still reshaping after a restart");
-            check_all(&started.array, &model, "after a restart");
-        }
-        assert!(steps < 10_000, "{level}: the reshape does not end");
-    }
+    let (started, restarts) =
+        in_memory::reshape_under_writes(&members, started, &mut rng, &mut model, 5, &level.to_string());
     assert!(restarts >= 2, "{level}: restarted {restarts} times");
     // Grown: the new geometry, the export larger, the new space zeros.
     let new_size = started.array.size_bytes() as usize;
@@ -226,7 +186,7 @@ fn raid0_grows_by_two_members_through_a_raid4_under_writes_and_restarts() {
     let disks = 3;
     let members = in_memory::create(Level::Raid0, None, disks, 2, false, MEMBER_BYTES);
     let mut rng = Rng(0x0a);
-    let mut started = start(&members[..disks]);
+    let started = start(&members[..disks]);
     let old_size = started.array.size_bytes() as usize;
     let mut model = rng.bytes(old_size);
     in_memory::write_all(&started.array, &model);
@@ -239,32 +199,8 @@ fn raid0_grows_by_two_members_through_a_raid4_under_writes_and_restarts() {
     assert_eq!(filler.role(), md::DevRole::Active(disks as u16), "the first new member fills the parity role");
     assert_eq!(filler.recovery_offset(), Some(0), "recovered by the reshape");
     assert_eq!(superblock(&members[disks + 1]).role(), md::DevRole::Active(disks as u16 + 1));
-    let mut steps = 0;
-    loop {
-        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
-        let at = (rng.next() % ((old_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
-        let data = rng.bytes(len);
-        let maintenance = started.array.maintenance();
-        let (step, written) =
-            block_on(async { futures::join!(maintenance.step(1 << 20), started.array.write(at, &data, false)) });
-        written.unwrap();
-        model[at as usize..at as usize + len].copy_from_slice(&data);
-        steps += 1;
-        match step.expect("a reshape step") {
-            Step::Finished(MaintenanceWork::Reshape) => break,
-            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
-            other => panic!("unexpected step {other:?}"),
-        }
-        if steps % 4 == 0 {
-            drop(started);
-            started = start(&members);
-            assert!(started.array.shape().reshape().is_some(), "still reshaping after a restart");
-            assert!(!started.array.is_read_only(), "a raid4 without parity, dirty, still takes writes");
-            check_all(&started.array, &model, "after a restart");
-        }
-        assert!(steps < 10_000, "the reshape does not end");
-    }
-    assert!(steps >= 8, "restarted during the reshape ({steps} steps)");
+    let (started, restarts) = in_memory::reshape_under_writes(&members, started, &mut rng, &mut model, 4, "raid0");
+    assert!(restarts >= 2, "restarted during the reshape {restarts} times");
     assert_eq!(started.array.geometry().level(), Level::Raid0, "a raid0 again");
     assert_eq!(started.array.geometry().raid_disks(), disks + 2);
     let new_size = started.array.size_bytes() as usize;

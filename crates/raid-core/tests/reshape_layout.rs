@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use futures::executor::block_on;
-use raid_core::engine::{MaintenanceWork, Step};
+use raid_core::engine::Step;
 use raid_core::geometry::{Level, ParityLayout};
 use raid_core::md::FeatureMap;
-use raid_core::{Member, MemoryMember, SECTOR_BYTES};
+use raid_core::{Member, MemoryMember};
 
 mod md_common;
 
@@ -26,7 +26,7 @@ fn create(level: Level, layout: ParityLayout, disks: usize) -> Vec<Arc<MemoryMem
 fn reshape_under_writes_and_restarts(level: Level, disks: usize, from: ParityLayout, to: ParityLayout, chunk: u32) {
     let members = create(level, from, disks);
     let mut rng = Rng(0x1a + chunk as u64 + to as u64);
-    let mut started = start(&members);
+    let started = start(&members);
     run_to_idle(&started.array);
     let size = started.array.size_bytes() as usize;
     let old_data_offset = superblock(&members[0]).data_offset;
@@ -39,31 +39,8 @@ fn reshape_under_writes_and_restarts(level: Level, disks: usize, from: ParityLay
     assert!(sb.feature_map.contains(FeatureMap::RESHAPE_ACTIVE | FeatureMap::NEW_OFFSET), "{:?}", sb.feature_map);
     assert_eq!((sb.delta_disks, sb.new_layout, sb.new_chunk), (0, to as u32, chunk));
     assert!(sb.new_offset < 0, "the data start moves into the headroom: {}", sb.new_offset);
-    let (mut steps, mut restarts) = (0, 0);
-    loop {
-        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
-        let at = (rng.next() % ((size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
-        let data = rng.bytes(len);
-        let maintenance = started.array.maintenance();
-        let (step, written) =
-            block_on(async { futures::join!(maintenance.step(1 << 20), started.array.write(at, &data, false)) });
-        written.unwrap();
-        model[at as usize..at as usize + len].copy_from_slice(&data);
-        steps += 1;
-        match step.expect("a reshape step") {
-            Step::Finished(MaintenanceWork::Reshape) => break,
-            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
-            other => panic!("{level}: unexpected step {other:?}"),
-        }
-        if steps % 4 == 0 {
-            drop(started);
-            started = start(&members);
-            restarts += 1;
-            assert!(started.array.shape().reshape().is_some(), "{level}: still reshaping after a restart");
-            check_all(&started.array, &model, "after a restart");
-        }
-        assert!(steps < 10_000, "{level}: the reshape does not end");
-    }
+    let (started, restarts) =
+        in_memory::reshape_under_writes(&members, started, &mut rng, &mut model, 4, &level.to_string());
     assert!(restarts >= 2, "{level}: restarted {restarts} times");
     let pg = started.array.geometry().parity().unwrap().clone();
     assert_eq!((pg.layout(), pg.chunk_sectors()), (to, chunk));

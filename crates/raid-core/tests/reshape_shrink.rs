@@ -47,7 +47,7 @@ fn remove_confirmed(array: &Array<dyn Member>, raid_disks: usize) -> u64 {
 fn shrink_under_writes_and_restarts(level: Level, disks: usize, seed: u64) {
     let members = create(level, disks);
     let mut rng = Rng(seed);
-    let mut started = start(&members);
+    let started = start(&members);
     let old_size = started.array.size_bytes() as usize;
     let old_data_offset = superblock(&members[0]).data_offset;
     let mut model = rng.bytes(old_size);
@@ -70,47 +70,8 @@ fn shrink_under_writes_and_restarts(level: Level, disks: usize, seed: u64) {
     assert_eq!(superblock(&members[disks - 1]).role(), DevRole::Active(disks as u16 - 1), "still a role");
     check_all(&started.array, &model, "started");
 
-    let mut steps = 0;
-    let mut restarts = 0;
-    loop {
-        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
-        let at = (rng.next() % ((new_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
-        let data = rng.bytes(len);
-        let read_at = (rng.next() % ((new_size - 65536) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
-        let maintenance = started.array.maintenance();
-        let (step, written, read) = block_on(async {
-            futures::join!(
-                maintenance.step(1 << 20),
-                started.array.write(at, &data, false),
-                started.array.read(read_at, 65536)
-            )
-        });
-        written.unwrap();
-        let read = read.unwrap().to_vec();
-        let before = &model[read_at as usize..read_at as usize + 65536];
-        let after: Vec<u8> = {
-            let mut m = model.clone();
-            m[at as usize..at as usize + len].copy_from_slice(&data);
-            m[read_at as usize..read_at as usize + 65536].to_vec()
-        };
-        assert!(read == before || read == after, "{level}: a read during the reshape returned other bytes");
-        model[at as usize..at as usize + len].copy_from_slice(&data);
-        steps += 1;
-        match step.expect("a reshape step") {
-            Step::Finished(MaintenanceWork::Reshape) => break,
-            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
-            other => panic!("{level}: unexpected step {other:?}"),
-        }
-        if steps % 5 == 0 {
-            drop(started);
-            started = start(&members);
-            restarts += 1;
-            assert!(started.array.shape().reshape().is_some(), "{level}: still reshaping after a restart");
-            assert_eq!(started.array.size_bytes() as usize, new_size, "{level}: the new size after a restart");
-            check_all(&started.array, &model, "after a restart");
-        }
-        assert!(steps < 10_000, "{level}: the reshape does not end");
-    }
+    let (started, restarts) =
+        in_memory::reshape_under_writes(&members, started, &mut rng, &mut model, 5, &level.to_string());
     assert!(restarts >= 2, "{level}: restarted {restarts} times");
     assert_eq!(started.array.geometry().raid_disks(), disks - 1);
     assert_eq!(started.array.size_bytes() as usize, new_size);
@@ -238,7 +199,7 @@ fn raid0_loses_a_member_through_a_raid4_under_writes_and_restarts() {
     let disks = 4;
     let members = create(Level::Raid0, disks);
     let mut rng = Rng(0x0e);
-    let mut started = start(&members);
+    let started = start(&members);
     let old_size = started.array.size_bytes() as usize;
     let mut model = rng.bytes(old_size);
     in_memory::write_all(&started.array, &model);
@@ -250,32 +211,8 @@ fn raid0_loses_a_member_through_a_raid4_under_writes_and_restarts() {
     let sb = superblock(&members[0]);
     assert!(sb.events > before);
     assert_eq!((sb.level, sb.raid_disks, sb.delta_disks), (Level::Raid4, disks as u32, -1), "raid4 of 5 -> 4 roles");
-    let mut steps = 0;
-    loop {
-        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
-        let at = (rng.next() % ((new_size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES;
-        let data = rng.bytes(len);
-        let maintenance = started.array.maintenance();
-        let (step, written) =
-            block_on(async { futures::join!(maintenance.step(1 << 20), started.array.write(at, &data, false)) });
-        written.unwrap();
-        model[at as usize..at as usize + len].copy_from_slice(&data);
-        steps += 1;
-        match step.expect("a reshape step") {
-            Step::Finished(MaintenanceWork::Reshape) => break,
-            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
-            other => panic!("unexpected step {other:?}"),
-        }
-        if steps % 4 == 0 {
-            drop(started);
-            started = start(&members);
-            assert!(started.array.shape().reshape().is_some(), "still reshaping after a restart");
-            assert!(!started.array.is_read_only(), "a raid4 without parity, dirty, still takes writes");
-            check_all(&started.array, &model, "after a restart");
-        }
-        assert!(steps < 10_000, "the reshape does not end");
-    }
-    assert!(steps >= 8, "restarted during the reshape ({steps} steps)");
+    let (started, restarts) = in_memory::reshape_under_writes(&members, started, &mut rng, &mut model, 4, "raid0");
+    assert!(restarts >= 2, "restarted during the reshape {restarts} times");
     assert_eq!((started.array.geometry().level(), started.array.geometry().raid_disks()), (Level::Raid0, disks - 1));
     assert_eq!(started.array.size_bytes() as usize, new_size);
     assert_eq!(started.array.admin().spare_status().len(), 1, "the removed member (it held the new parity)");

@@ -8,7 +8,7 @@ use futures::executor::block_on;
 use raid_core::engine::{Array, MaintenanceWork, Step};
 use raid_core::geometry::Level;
 use raid_core::md::{self, CreateParams, MdUuid, SUPERBLOCK_BYTE_OFFSET, StartOptions, Superblock};
-use raid_core::{AlignedBuf, Member, MemoryMember};
+use raid_core::{AlignedBuf, Member, MemoryMember, SECTOR_BYTES};
 
 /// A seeded xorshift generator.
 pub struct Rng(pub u64);
@@ -118,6 +118,61 @@ pub fn check_all(array: &Array<dyn Member>, model: &[u8], what: &str) {
     assert_eq!(got.len(), model.len(), "{what}: the size");
     if let Some(at) = got.iter().zip(model).position(|(a, b)| a != b) {
         panic!("{what}: byte {at} differs");
+    }
+}
+
+/// Steps the running reshape of `started` to its end, a random write (up to 32 KiB, into
+/// `model`) and a 64 KiB read (which must see the bytes before or after the write) racing each
+/// step; every `restart_every` steps a restart from the superblocks (a SIGKILL: nothing shut
+/// down) that must still be reshaping, writable, of the same size and hold `model`. Returns
+/// the array and how often it restarted.
+pub fn reshape_under_writes(
+    members: &[Arc<MemoryMember>],
+    mut started: md::Started<dyn Member>,
+    rng: &mut Rng,
+    model: &mut [u8],
+    restart_every: usize,
+    what: &str,
+) -> (md::Started<dyn Member>, usize) {
+    let size = model.len();
+    let (mut steps, mut restarts) = (0, 0);
+    loop {
+        let len = ((1 + rng.next() % 64) * SECTOR_BYTES) as usize;
+        let at = ((rng.next() % ((size - len) as u64 / SECTOR_BYTES)) * SECTOR_BYTES) as usize;
+        let data = rng.bytes(len);
+        let read_at = ((rng.next() % ((size - 65536) as u64 / SECTOR_BYTES)) * SECTOR_BYTES) as usize;
+        let maintenance = started.array.maintenance();
+        let (step, written, read) = block_on(async {
+            futures::join!(
+                maintenance.step(1 << 20),
+                started.array.write(at as u64, &data, false),
+                started.array.read(read_at as u64, 65536)
+            )
+        });
+        written.unwrap();
+        let read = read.unwrap().to_vec();
+        let before = model[read_at..read_at + 65536].to_vec();
+        model[at..at + len].copy_from_slice(&data);
+        assert!(
+            read == before || read[..] == model[read_at..read_at + 65536],
+            "{what}: a read during the reshape returned other bytes"
+        );
+        steps += 1;
+        match step.expect("a reshape step") {
+            Step::Finished(MaintenanceWork::Reshape) => return (started, restarts),
+            Step::Worked { work: MaintenanceWork::Reshape, .. } => {}
+            other => panic!("{what}: unexpected step {other:?}"),
+        }
+        if steps % restart_every == 0 {
+            drop(started);
+            started = start(members);
+            restarts += 1;
+            assert!(started.array.shape().reshape().is_some(), "{what}: still reshaping after a restart");
+            assert!(!started.array.is_read_only(), "{what}: writable after a restart");
+            assert_eq!(started.array.size_bytes() as usize, size, "{what}: the size after a restart");
+            check_all(&started.array, model, &format!("{what} after a restart"));
+        }
+        assert!(steps < 10_000, "{what}: the reshape does not end");
     }
 }
 
