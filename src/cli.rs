@@ -388,7 +388,7 @@ pub struct InspectArgs {
 #[derive(Args, Debug)]
 pub struct GrowOptions {
     /// The number of members afterwards: the current count plus the members added, or fewer
-    /// to remove the last members of a raid4/5/6 (md's backwards reshape; with
+    /// to remove the last members of a raid0/4/5/6 (md's backwards reshape; with
     /// `--array-size`; they become spares when it ends).
     #[arg(short = 'n', long, value_name = "N")]
     pub raid_devices: Option<usize>,

@@ -326,8 +326,9 @@ impl<M: Member + ?Sized> Array<M> {
             String::new()
         };
         Err(refused(format!(
-            "removing {removed} members shrinks the array from {} to {to_bytes} bytes{used}: what lies past that is \
+            "removing {removed} member{} shrinks the array from {} to {to_bytes} bytes{used}: what lies past that is \
              lost, so shrink what the array holds first (resize2fs), then confirm the new size: --array-size {to_bytes}",
+            if removed == 1 { "" } else { "s" },
             self.size_bytes()
         )))
     }
