@@ -25,10 +25,10 @@ fn size_named(out: &std::process::Output) -> u64 {
         .unwrap_or_else(|| panic!("the refusal names the size: {stderr}"))
 }
 
-/// Removes the last of five members of a `level` array online, through ten SIGKILLs under
+/// Removes the last of five members (of `member_size` each) of a `level` array online, through ten SIGKILLs under
 /// writes (crash writer + fio verify), then checks the size, every acknowledged byte, parity
 /// (when there is any) and what mdadm says. A raid0 reshapes as a raid4 of one role more.
-fn shrink_online_through_sigkills(level: &str) {
+fn shrink_online_through_sigkills(level: &str, member_size: &str) {
     require_libnbd_python();
     require_tool("fio", "fio");
     let dir = tempdir();
@@ -36,7 +36,7 @@ fn shrink_online_through_sigkills(level: &str) {
     let members = ["m0", "m1", "m2", "m3", "m4"];
     let create = ["create", "--level", level, "--chunk", "64K", "--consistency-policy", "resync"];
     let create = if level == "0" { &create[..5] } else { &create[..] };
-    assert_ok(&raidnbd(d, &[create, &["--size", "40M"], &members].concat()));
+    assert_ok(&raidnbd(d, &[create, &["--size", member_size], &members].concat()));
     let parity_role = usize::from(level == "0");
     let log = d.join("durable.log");
     let sock = d.join("c.sock").to_str().unwrap().to_string();
@@ -92,7 +92,7 @@ fn shrink_online_through_sigkills(level: &str) {
     run_ok(Command::new(PYTHON).arg(writer()).arg(served.uri("a")).arg(&log).arg("verify"));
     run_ok(&mut fio_region(&served.uri("a"), &["--verify_only"]));
     wait_resync_done(d, &sock, Duration::from_secs(120), "the resync after the kills did not end");
-    assert_eq!(s["level"], if level == "0" { "raid0" } else { "raid5" }, "{s:#}");
+    assert_eq!(s["level"], format!("raid{level}"), "{s:#}");
     served.stop();
     if level != "0" {
         let check: Value =
@@ -105,12 +105,17 @@ fn shrink_online_through_sigkills(level: &str) {
 
 #[test]
 fn a_raid5_loses_a_member_online_through_sigkills_under_writes() {
-    shrink_online_through_sigkills("5");
+    shrink_online_through_sigkills("5", "40M");
+}
+
+#[test]
+fn a_raid6_loses_a_member_online_through_sigkills_under_writes() {
+    shrink_online_through_sigkills("6", "64M");
 }
 
 #[test]
 fn a_raid0_loses_a_member_online_through_sigkills_under_writes() {
-    shrink_online_through_sigkills("0");
+    shrink_online_through_sigkills("0", "40M");
 }
 
 #[test]
