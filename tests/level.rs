@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::grow::{field, fio_region, mdadm_examine, sigkill_rounds, status, wait_resync_done, writer};
+use crate::grow::{field, fio_region, mdadm_examine, serve_paced, sigkill_rounds, status, wait_resync_done, writer};
 use crate::util::*;
 
 /// raid5 -> raid6 with Q rebuilt onto a new member, ten SIGKILLs during the rebuild under a
@@ -26,12 +26,7 @@ fn a_raid5_becomes_a_raid6_online_through_sigkills_and_back() {
     let all = ["m0", "m1", "m2", "m3"];
     let log = d.join("durable.log");
     let sock = d.join("c.sock").to_str().unwrap().to_string();
-    let serve = |members: &[&str]| {
-        let served = Served::start(d, "a", &["--control", &sock], members);
-        // Slow enough that the kills land in the rebuild of Q.
-        assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "1M", "2M"]));
-        served
-    };
+    let serve = |members: &[&str]| serve_paced(d, &sock, members);
     let served = serve(&all[..3]);
     let size = status(d, &sock)["size_bytes"].as_u64().unwrap();
     run_ok(&mut fio_region(&served.uri("a"), &["--do_verify=1"]));
@@ -148,11 +143,7 @@ fn a_raid5_changes_its_layout_and_chunk_online_through_sigkills() {
     assert_ok(&raidnbd(d, &[&create[..], &members].concat()));
     let log = d.join("durable.log");
     let sock = d.join("c.sock").to_str().unwrap().to_string();
-    let serve = || {
-        let served = Served::start(d, "a", &["--control", &sock], &members);
-        assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "1M", "2M"]));
-        served
-    };
+    let serve = || serve_paced(d, &sock, &members);
     let served = serve();
     let size = status(d, &sock)["size_bytes"].as_u64().unwrap();
     run_ok(&mut fio_region(&served.uri("a"), &["--do_verify=1"]));

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::grow::{field, fio_region, mdadm_agrees, mdadm_examine, sigkill_rounds, status, wait_resync_done, writer};
+use crate::grow::{
+    field, fio_region, mdadm_agrees, mdadm_examine, serve_paced, sigkill_rounds, status, wait_resync_done, writer,
+};
 use crate::util::*;
 
 /// The size a refusal to remove members without `--array-size` names.
@@ -40,12 +42,7 @@ fn shrink_online_through_sigkills(level: &str, member_size: &str) {
     let parity_role = usize::from(level == "0");
     let log = d.join("durable.log");
     let sock = d.join("c.sock").to_str().unwrap().to_string();
-    let serve = || {
-        let served = Served::start(d, "a", &["--control", &sock], &members);
-        // Slow enough that the kills land in the middle of it.
-        assert_ok(&raidnbd(d, &["ctl", "--socket", &sock, "rebuild-speed", "1M", "2M"]));
-        served
-    };
+    let serve = || serve_paced(d, &sock, &members);
     let served = serve();
     let old_size = status(d, &sock)["size_bytes"].as_u64().unwrap();
     run_ok(&mut fio_region(&served.uri("a"), &["--do_verify=1"]));

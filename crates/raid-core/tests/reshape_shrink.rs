@@ -6,17 +6,16 @@
 //! end as spares, and parity matches data.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
 
 use futures::executor::block_on;
-use raid_core::engine::{Array, MaintenanceWork, Step};
+use raid_core::engine::{Array, Step};
 use raid_core::geometry::Level;
-use raid_core::md::{self, DevRole, FeatureMap, StartOptions};
+use raid_core::md::{DevRole, FeatureMap};
 use raid_core::{Member, MemoryMember, SECTOR_BYTES};
 
 mod md_common;
 
-use md_common::crash::{Hanging, run_or_crash};
+use md_common::crash::reshape_through_crashes;
 use md_common::in_memory::{self, Rng, check_all, check_each_role_missing, start, superblock};
 
 const MEMBER_BYTES: u64 = 24 << 20;
@@ -143,36 +142,10 @@ fn shrink_through_crashes(level: Level, disks: usize, seed: u64) {
     let new_size = remove_confirmed(&started.array, disks - 1) as usize;
     model.truncate(new_size);
     drop(started);
-    let mut crashes = 0;
-    let mut done = false;
-    while !done {
-        let budget = Arc::new(AtomicI64::new(1 + (rng.next() % 24) as i64));
-        let hanging: Vec<Arc<dyn Member>> = members
-            .iter()
-            .map(|m| Arc::new(Hanging { inner: m.clone(), budget: budget.clone() }) as Arc<dyn Member>)
-            .collect();
-        let assembly = md_common::assemble(&hanging);
-        let Some(started) = run_or_crash(md::start(&assembly, &hanging, StartOptions::default())) else {
-            crashes += 1;
-            continue;
-        };
-        let started = started.expect("start");
+    let crashes = reshape_through_crashes(&members, &mut rng, &level.to_string(), |started| {
         assert_eq!(started.array.size_bytes() as usize, new_size, "{level}: the new size from the start");
         check_all(&started.array, &model, "restarted");
-        done = started.array.shape().reshape().is_none();
-        while !done {
-            match run_or_crash(started.array.maintenance().step(16 << 20)) {
-                None => {
-                    crashes += 1;
-                    break;
-                }
-                Some(Ok(Step::Finished(MaintenanceWork::Reshape))) => done = true,
-                Some(Ok(Step::Worked { work: MaintenanceWork::Reshape, .. })) => {}
-                Some(Ok(other)) => panic!("{level}: unexpected step {other:?} while reshaping"),
-                Some(Err(e)) => panic!("{level}: reshape step failed: {e}"),
-            }
-        }
-    }
+    });
     assert!(crashes >= 5, "{level}: only {crashes} crashes");
     let started = start(&members);
     assert!(started.array.shape().reshape().is_none(), "{level}: finished");

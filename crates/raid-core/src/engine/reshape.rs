@@ -463,19 +463,18 @@ impl<M: Member + ?Sized> Array<M> {
         sectors: u64,
         next_front: u64,
     ) -> Result<()> {
-        let front = start;
         let mut data = AlignedBuf::zeroed((sectors * SECTOR_BYTES) as usize);
         let old_end = previous.geometry().array_sectors();
-        if front < old_end {
-            let len = ((old_end.min(front + sectors) - front) * SECTOR_BYTES) as usize;
-            let old = self.read_striped(previous, front, len).await?;
+        if start < old_end {
+            let len = ((old_end.min(start + sectors) - start) * SECTOR_BYTES) as usize;
+            let old = self.read_striped(previous, start, len).await?;
             let mut at = 0;
             for slice in old.slices() {
                 data.as_mut_slice()[at..at + slice.len()].copy_from_slice(slice);
                 at += slice.len();
             }
         }
-        self.write_striped(new, front, sectors, WriteSource::Data(data.as_slice()), false).await?;
+        self.write_striped(new, start, sectors, WriteSource::Data(data.as_slice()), false).await?;
         self.flush().await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.try_persist_locked(StateChange::ReshapeProgress { position_sectors: next_front }).await

@@ -9,8 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::task::{Context, Poll};
 
+use raid_core::engine::{MaintenanceWork, Step};
+use raid_core::md::{self, StartOptions};
 use raid_core::member::{BufResult, IoFuture};
 use raid_core::{AlignedBuf, Member, MemoryMember};
+
+use super::in_memory::Rng;
 
 /// A member whose writes (and flushes) hang forever once the shared budget is spent: the
 /// process stops there, with what was written before on the members (a SIGKILL).
@@ -65,4 +69,48 @@ pub fn run_or_crash<F: Future>(f: F) -> Option<F::Output> {
         }
     }
     None
+}
+
+/// Starts the array on `members` again and again, each time over members that hang after
+/// 1 to 24 more writes between them (a crash anywhere: inside a window's copy, between its
+/// flush and its superblocks, half-way through the superblocks), stepping its reshape until
+/// it ends; `on_start` checks every array that started. Returns how many crashes there were.
+pub fn reshape_through_crashes(
+    members: &[Arc<MemoryMember>],
+    rng: &mut Rng,
+    what: &str,
+    mut on_start: impl FnMut(&md::Started<dyn Member>),
+) -> usize {
+    let mut crashes = 0;
+    loop {
+        let budget = Arc::new(AtomicI64::new(1 + (rng.next() % 24) as i64));
+        let hanging: Vec<Arc<dyn Member>> = members
+            .iter()
+            .map(|m| Arc::new(Hanging { inner: m.clone(), budget: budget.clone() }) as Arc<dyn Member>)
+            .collect();
+        let assembly = super::assemble(&hanging);
+        let Some(started) = run_or_crash(md::start(&assembly, &hanging, StartOptions::default())) else {
+            crashes += 1;
+            continue;
+        };
+        let started = started.expect("start");
+        on_start(&started);
+        // A crash while its end was being recorded: it is over.
+        let mut done = started.array.shape().reshape().is_none();
+        while !done {
+            match run_or_crash(started.array.maintenance().step(16 << 20)) {
+                None => {
+                    crashes += 1;
+                    break;
+                }
+                Some(Ok(Step::Finished(MaintenanceWork::Reshape))) => done = true,
+                Some(Ok(Step::Worked { work: MaintenanceWork::Reshape, .. })) => {}
+                Some(Ok(other)) => panic!("{what}: unexpected step {other:?} while reshaping"),
+                Some(Err(e)) => panic!("{what}: reshape step failed: {e}"),
+            }
+        }
+        if done {
+            return crashes;
+        }
+    }
 }
