@@ -124,7 +124,7 @@ pub enum CtlCommand {
     /// Copy a member onto a new one while it stays in service, then swap them.
     Replace { member: String, path: String },
     /// Grow or change the array while it serves, as `mdadm --grow`: by members (`--add`,
-    /// raid4/5/6, a reshape; the export has its new size when it ends), to the members'
+    /// raid0/4/5/6/10, a reshape; the export has its new size when it ends), to the members'
     /// room (`--size max|SIZE`), or to another level without moving data (`--level`).
     Grow(GrowOptions),
     /// Start a background check (counts mismatches, like md's mismatch_cnt).
@@ -339,6 +339,14 @@ pub struct ServeArgs {
     /// [default: never].
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
     pub scrub_interval: Option<std::time::Duration>,
+    /// Background work (rebuild, resync, check, reshape) keeps at least this speed while
+    /// clients are busy, in bytes/s (md's speed_limit_min; `ctl rebuild-speed` changes it
+    /// while serving) [default: 1M].
+    #[arg(long, value_parser = parse_size, value_name = "BYTES")]
+    pub speed_limit_min: Option<u64>,
+    /// ... and at most this speed while they are quiet (md's speed_limit_max) [default: 200M].
+    #[arg(long, value_parser = parse_size, value_name = "BYTES")]
+    pub speed_limit_max: Option<u64>,
     /// TLS: off, on (offered) or require (before anything else) [default: off].
     #[arg(long, value_enum, value_name = "MODE")]
     pub tls: Option<TlsMode>,
@@ -388,7 +396,7 @@ pub struct InspectArgs {
 #[derive(Args, Debug)]
 pub struct GrowOptions {
     /// The number of members afterwards: the current count plus the members added, or fewer
-    /// to remove the last members of a raid0/4/5/6 (md's backwards reshape; with
+    /// to remove the last members of a raid0/4/5/6/10 (md's backwards reshape; with
     /// `--array-size`; they become spares when it ends).
     #[arg(short = 'n', long, value_name = "N")]
     pub raid_devices: Option<usize>,
@@ -411,7 +419,7 @@ pub struct GrowOptions {
     /// over from raid5 moves Q into the rotation with `left-symmetric`): md's reshape.
     #[arg(long, value_name = "LAYOUT", conflicts_with_all = ["size", "level"])]
     pub layout: Option<String>,
-    /// A new chunk for a raid4/5/6 (a power of two from 4K; the members' data must be a
+    /// A new chunk for a raid4/5/6/10 (a power of two from 4K; the members' data must be a
     /// multiple of it): md's reshape.
     #[arg(short, long, value_parser = parse_size, value_name = "CHUNK", conflicts_with_all = ["size", "level"])]
     pub chunk: Option<u64>,

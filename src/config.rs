@@ -18,6 +18,8 @@
 //! stall_timeout = 60
 //! write_gather_us = 1000   # raid4/5/6: wait for the rest of a stripe; 0 = off
 //! scrub_interval = "7d"   # a background check this often (default: none)
+//! speed_limit_min = "1M"   # background work while clients are busy, bytes/s
+//! speed_limit_max = "200M" # ... and while they are quiet
 //! tls = "require"          # off | on | require (per export: on | require)
 //! tls_certificates = "/etc/raidnbd/pki"   # server-cert.pem, server-key.pem, ca-cert.pem
 //! tls_verify_peer = true
@@ -105,6 +107,8 @@ member_keys!(with_member_keys! {
         pub stall_timeout: Option<ConfigDuration>,
         pub write_gather_us: Option<u64>,
         pub scrub_interval: Option<ConfigDuration>,
+        pub speed_limit_min: Option<String>,
+        pub speed_limit_max: Option<String>,
     } {
         pub tls: Option<String>,
         pub tls_certificates: Option<PathBuf>,
@@ -205,6 +209,14 @@ impl ConfigFile {
 
     pub fn cache_size_bytes(&self) -> Result<Option<u64>> {
         self.cache_size.as_deref().map(parse_size).transpose().map_err(|e| anyhow::anyhow!("cache_size: {e}"))
+    }
+
+    /// `speed_limit_min` and `speed_limit_max`, bytes/s.
+    pub fn speed_limits(&self) -> Result<(Option<u64>, Option<u64>)> {
+        let parse = |key: &str, v: &Option<String>| {
+            v.as_deref().map(parse_size).transpose().map_err(|e| anyhow::anyhow!("{key}: {e}"))
+        };
+        Ok((parse("speed_limit_min", &self.speed_limit_min)?, parse("speed_limit_max", &self.speed_limit_max)?))
     }
 }
 

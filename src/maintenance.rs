@@ -31,15 +31,6 @@ pub struct SpeedLimits {
     pub max_bytes_per_sec: AtomicU64,
 }
 
-impl Default for SpeedLimits {
-    fn default() -> Self {
-        Self {
-            min_bytes_per_sec: AtomicU64::new(DEFAULT_MIN_SPEED),
-            max_bytes_per_sec: AtomicU64::new(DEFAULT_MAX_SPEED),
-        }
-    }
-}
-
 /// Progress of the running job, for `ctl status`.
 #[derive(Default)]
 pub struct Progress {
@@ -53,9 +44,16 @@ pub struct Worker {
     pub wake: Arc<Notify>,
 }
 
-/// Starts the worker task for `array` (runs until the process exits).
-pub fn spawn(array: Arc<Array<dyn Member>>, name: String, scrub_interval: Option<Duration>) -> Worker {
-    let limits = Arc::new(SpeedLimits::default());
+/// Starts the worker task for `array` (runs until the process exits), at speed limits
+/// `(min, max)` in bytes/s.
+pub fn spawn(
+    array: Arc<Array<dyn Member>>,
+    name: String,
+    scrub_interval: Option<Duration>,
+    (min, max): (u64, u64),
+) -> Worker {
+    let limits =
+        Arc::new(SpeedLimits { min_bytes_per_sec: AtomicU64::new(min), max_bytes_per_sec: AtomicU64::new(max) });
     let progress = Arc::new(Progress::default());
     let wake = Arc::new(Notify::new());
     let notify = wake.clone();

@@ -73,6 +73,8 @@ struct Settings {
     write_gather: Duration,
     /// A background check this often.
     scrub_interval: Option<Duration>,
+    /// Background work's speed limits at the start, bytes/s (min, max).
+    speed_limits: (u64, u64),
     server: ServerConfig,
     tls: Option<nbd_server::Tls>,
     exports: Vec<ExportPlan>,
@@ -154,6 +156,15 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
             args.write_gather_us.or(file.write_gather_us).unwrap_or(DEFAULT_WRITE_GATHER_US).min(1_000_000),
         ),
         scrub_interval: args.scrub_interval.or(file.scrub_interval.map(|d| d.0)),
+        speed_limits: {
+            let (min, max) = file.speed_limits()?;
+            let min = args.speed_limit_min.or(min).unwrap_or(maintenance::DEFAULT_MIN_SPEED);
+            let max = args.speed_limit_max.or(max).unwrap_or(maintenance::DEFAULT_MAX_SPEED);
+            if min == 0 || min > max {
+                bail!("speed limits: need 0 < min ({min}) <= max ({max})");
+            }
+            (min, max)
+        },
         server: {
             let defaults = ServerConfig::default();
             let handshake = args.handshake_timeout.or(file.handshake_timeout.map(|d| d.0));
@@ -301,7 +312,8 @@ async fn start(settings: Settings) -> Result<Started> {
         exports.push(
             Export::new(plan.name.clone(), device).require_tls(plan.tls_required).tls_peers(plan.tls_peers.clone()),
         );
-        let worker = maintenance::spawn(opened.array.clone(), plan.name.clone(), settings.scrub_interval);
+        let worker =
+            maintenance::spawn(opened.array.clone(), plan.name.clone(), settings.scrub_interval, settings.speed_limits);
         crate::rejoin::spawn(opened.array.clone(), plan.options.clone(), opened.returnable(), worker.wake.clone());
         watched.push(Watched { export: plan.name.clone(), array: opened.array.clone() });
         controlled.push(ControlledExport {

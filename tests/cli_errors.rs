@@ -72,6 +72,8 @@ fn serve_and_inspect_refuse_bad_member_sets() {
     assert_user_error(&raidnbd(d, &["serve", "a"]), "cannot");
     assert_user_error(&raidnbd(d, &["serve", "a", "b", "plain"]), "plain");
     assert_user_error(&raidnbd(d, &["serve"]), "no members given");
+    let speeds = ["serve", "--speed-limit-min", "4M", "--speed-limit-max", "1M", "a", "b", "c"];
+    assert_user_error(&raidnbd(d, &speeds), "need 0 < min (4194304) <= max (1048576)");
     assert_user_error(&raidnbd(d, &["examine", "plain"]), "no valid md superblock on plain");
     assert_user_error(&raidnbd(d, &["detail", "a", "x"]), "x");
 

@@ -111,10 +111,12 @@ pub(crate) fn mdadm_agrees(d: &Path, members: &[&str], raid_devices: usize) {
 }
 
 /// Starts the array of `members` with a control socket at `sock` and the background work
-/// slowed to 1-2 MB/s, so that SIGKILLs land in the middle of it.
+/// slowed to 1-2 MB/s from the start, so that SIGKILLs land in the middle of it.
 pub(crate) fn serve_paced(d: &Path, sock: &str, members: &[&str]) -> Served {
-    let served = Served::start(d, "a", &["--control", sock], members);
-    assert_ok(&raidnbd(d, &["ctl", "--socket", sock, "rebuild-speed", "1M", "2M"]));
+    let served =
+        Served::start(d, "a", &["--control", sock, "--speed-limit-min", "1M", "--speed-limit-max", "2M"], members);
+    let s = status(d, sock);
+    assert_eq!(s["speed_limits"]["max_bytes_per_sec"], 2 << 20, "paced from the start: {s:#}");
     served
 }
 
@@ -187,6 +189,19 @@ fn grow_online_through_sigkills(create: &[&str], before: usize, added: usize, da
         assert_eq!(check["mismatch_cnt"], 0, "parity matches the data after the grow");
     }
     mdadm_agrees(d, &all, before + added);
+    if create.contains(&"bitmap") && create.contains(&"10") {
+        // raid10's bitmap covers the array's sectors (md's resync space): the new size at the
+        // end. Its header's sync_size (bytes 40..48, sectors; md-bitmap.h) where mdadm says.
+        use std::os::unix::fs::FileExt;
+        let examined = mdadm_examine(&d.join(all[0]));
+        let at = field(&examined, "Internal Bitmap");
+        let from_sb: u64 = at.strip_suffix(" sectors from superblock").and_then(|v| v.parse().ok()).expect(at);
+        let mut header = [0u8; 48];
+        std::fs::File::open(d.join(all[0])).unwrap().read_exact_at(&mut header, 4096 + from_sb * 512).unwrap();
+        assert_eq!(&header[..4], b"bitm", "a bitmap where mdadm says");
+        let sync_sectors = u64::from_le_bytes(header[40..48].try_into().unwrap());
+        assert_eq!(sync_sectors * 512, new_size, "the bitmap covers the grown array");
+    }
     if raid0 {
         for m in &all {
             assert_eq!(field(&mdadm_examine(&d.join(m)), "Raid Level"), "raid0", "{m}");
@@ -218,6 +233,29 @@ fn a_raid6_with_a_bitmap_grows_online_through_sigkills_under_writes() {
         "48M",
     ];
     grow_online_through_sigkills(&create, 4, 1, 2);
+}
+
+/// md's raid10 reshape (near layouts): a member added online to a raid10 n2 of four, with a
+/// write-intent bitmap, which covers the array's sectors and so grows with it at the end.
+#[test]
+fn a_raid10_with_a_bitmap_grows_online_through_sigkills_under_writes() {
+    let create = [
+        "create",
+        "--level",
+        "10",
+        "--layout",
+        "n2",
+        "--chunk",
+        "64K",
+        "--consistency-policy",
+        "bitmap",
+        "--bitmap-chunk",
+        "1M",
+        "--size",
+        "48M",
+    ];
+    // Four n2 members hold two members' data; five hold two and a half.
+    grow_online_through_sigkills(&create, 4, 1, 4);
 }
 
 #[test]

@@ -94,7 +94,7 @@ fn shrink_online_through_sigkills(level: &str, member_size: &str) {
     if level != "0" {
         let check: Value =
             serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
-        assert_eq!(check["mismatch_cnt"], 0, "parity matches the data after the shrink");
+        assert_eq!(check["mismatch_cnt"], 0, "parity (or every copy) matches the data after the shrink");
     }
     mdadm_agrees(d, &members, 4);
     assert_eq!(field(&mdadm_examine(&d.join("m4")), "Device Role"), "spare", "mdadm sees m4 as a spare");
@@ -115,6 +115,12 @@ fn a_raid0_loses_a_member_online_through_sigkills_under_writes() {
     shrink_online_through_sigkills("0", "40M");
 }
 
+/// md's raid10 reshape backwards: a raid10 n2 of five loses a member.
+#[test]
+fn a_raid10_loses_a_member_online_through_sigkills_under_writes() {
+    shrink_online_through_sigkills("10", "48M");
+}
+
 #[test]
 fn an_array_at_rest_loses_members_and_refusals_say_why() {
     let dir = tempdir();
@@ -131,12 +137,10 @@ fn an_array_at_rest_loses_members_and_refusals_say_why() {
     }
     let grow = |args: &[&str]| raidnbd(d, &[&["grow"][..], args, &members].concat());
     assert_user_error(&grow(&["--raid-devices", "3"]), "at least 4");
-    for (level, needle) in [("linear", "appending"), ("10", "raid10")] {
-        let others = ["o0", "o1", "o2", "o3"];
-        assert_ok(&raidnbd(d, &[&["create", "--force", "--level", level, "--size", "16M"][..], &others].concat()));
-        let out = raidnbd(d, &[&["grow", "--raid-devices", "3", "--array-size", "1M"][..], &others].concat());
-        assert_user_error(&out, needle);
-    }
+    let others = ["o0", "o1", "o2", "o3"];
+    assert_ok(&raidnbd(d, &[&["create", "--force", "--level", "linear", "--size", "16M"][..], &others].concat()));
+    let out = raidnbd(d, &[&["grow", "--raid-devices", "3", "--array-size", "1M"][..], &others].concat());
+    assert_user_error(&out, "appending");
     assert_user_error(&grow(&["--raid-devices", "5", "--add", "m6"]), "--raid-devices 5");
     let size = size_named(&grow(&["--raid-devices", "4"]));
     assert!(size >= data.len() as u64, "two data members of about 24 MiB hold the data: {size}");
@@ -188,4 +192,35 @@ fn an_array_at_rest_loses_members_and_refusals_say_why() {
     let kept = size as usize;
     assert!(back[..kept.min(data.len())] == data[..kept.min(data.len())], "the data that stays survives");
     mdadm_agrees(d, &raid0, 2);
+
+    // A raid10 n2 of four loses one at rest (md's backwards raid10 reshape).
+    let raid10 = ["t0", "t1", "t2", "t3"];
+    let create = ["create", "--level", "10", "--layout", "n2", "--chunk", "64K", "--size", "16M"];
+    assert_ok(&raidnbd(d, &[&create[..], &raid10].concat()));
+    let kept = (20 << 20).min(data.len());
+    {
+        let served = Served::start(d, "a", &[], &raid10);
+        run_ok(Command::new("nbdcopy").arg(d.join("data")).arg(served.uri("a")).arg("--destination-is-zero"));
+        served.stop();
+    }
+    let grow = |args: &[&str]| raidnbd(d, &[&["grow"][..], args, &raid10].concat());
+    assert_user_error(&grow(&["--raid-devices", "1", "--array-size", "1M"]), "at least 2 members");
+    let size = size_named(&grow(&["--raid-devices", "3"]));
+    assert!(size >= kept as u64, "three n2 members of about 16 MiB hold 20 MiB: {size}");
+    let out = assert_ok(&grow(&["--raid-devices", "3", "--array-size", &size.to_string()]));
+    assert!(out.contains("3 members"), "{out}");
+    let detail: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["detail", "--json"][..], &raid10].concat()))).unwrap();
+    assert_eq!((detail["raid_devices"].as_u64(), detail["reshape"].is_null()), (Some(3), true), "{detail:#}");
+    assert_eq!(detail["spares"].as_array().unwrap().len(), 1, "{detail:#}");
+    let served = Served::start(d, "a", &[], &raid10[..3]);
+    run_ok(Command::new("nbdcopy").arg(served.uri("a")).arg(d.join("back10")));
+    served.stop();
+    let back = std::fs::read(d.join("back10")).unwrap();
+    assert_eq!(back.len() as u64, size);
+    assert!(back[..kept] == data[..kept], "the data survives the raid10 shrink");
+    let check: Value =
+        serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &raid10[..3]].concat()))).unwrap();
+    assert_eq!(check["mismatch_cnt"], 0, "every copy agrees");
+    mdadm_agrees(d, &raid10, 3);
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use futures::executor::block_on;
-use raid_core::engine::{Array, Step};
+use raid_core::engine::Step;
 use raid_core::geometry::Level;
 use raid_core::md::{DevRole, FeatureMap};
 use raid_core::{Member, MemoryMember, SECTOR_BYTES};
@@ -16,29 +16,12 @@ use raid_core::{Member, MemoryMember, SECTOR_BYTES};
 mod md_common;
 
 use md_common::crash::reshape_through_crashes;
-use md_common::in_memory::{self, Rng, check_all, check_each_role_missing, start, superblock};
+use md_common::in_memory::{self, Rng, check_all, check_each_role_missing, remove_confirmed, start, superblock};
 
 const MEMBER_BYTES: u64 = 24 << 20;
 
 fn create(level: Level, disks: usize) -> Vec<Arc<MemoryMember>> {
     in_memory::create(level, None, disks, 0, false, MEMBER_BYTES)
-}
-
-/// Asks to remove members without naming the size: the refusal names it; then removes them
-/// confirming it. Returns the new size.
-fn remove_confirmed(array: &Array<dyn Member>, raid_disks: usize) -> u64 {
-    let err = block_on(array.admin().remove_members(raid_disks, None, None, None)).unwrap_err();
-    let text = err.to_string();
-    let size: u64 = text
-        .rsplit("--array-size ")
-        .next()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or_else(|| panic!("the refusal names the size: {text}"));
-    assert!(text.contains("is lost"), "{text}");
-    let wrong = block_on(array.admin().remove_members(raid_disks, None, None, Some(size + 4096))).unwrap_err();
-    assert!(wrong.to_string().contains(&format!("--array-size {size}")), "{wrong}");
-    block_on(array.admin().remove_members(raid_disks, None, None, Some(size))).expect("the shrink starts");
-    size
 }
 
 /// Removes one member of `level` under writes, restarting (no shutdown) every few windows,

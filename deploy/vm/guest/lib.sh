@@ -253,3 +253,31 @@ raidnbd_wait_idle() { # [SECONDS]: until no rebuild/resync/check runs or is pend
 json_number() { # KEY FILE: the first "KEY": NUMBER in FILE
   sed -n "s/.*\"$1\": *\([0-9][0-9]*\).*/\1/p" "$2" | head -n 1
 }
+
+head_digest() { # DEV BYTES: md5 of the first BYTES (a multiple of 64 KiB) of DEV, O_DIRECT
+  dd if="$1" bs=65536 count=$(($2 / 65536)) iflag=direct status=none | md5sum | cut -d' ' -f1
+}
+
+# The size a refusal of `raidnbd ctl grow --raid-devices N` names (its last line ends in
+# `--array-size BYTES`).
+named_size() { # FILE
+  tail -n 1 "$1" | contains '--array-size [0-9][0-9]*$' || fail "the refusal does not end in --array-size <BYTES>"
+  sed -n 's/.*--array-size \([0-9][0-9]*\)$/\1/p' "$1" | tail -n 1
+}
+
+# `raidnbd ctl grow --raid-devices N` without --array-size on the served array: it must
+# refuse (exit 2), name a smaller size and change nothing. Sets SHRINK_OLD (the size now) and
+# SHRINK_NEW (the size named).
+shrink_refusal() { # PART N
+  SHRINK_OLD=$(raidnbd_status_json > /dev/null; json_number size_bytes /tmp/raidnbd-status.json)
+  echo "+ [$(rig_now)] raidnbd_ctl grow --raid-devices $2"
+  raidnbd_ctl grow --raid-devices "$2" > /tmp/shrink-refusal.txt 2>&1 && rc=0 || rc=$?
+  cat /tmp/shrink-refusal.txt
+  expect_eq "$rc" 2 "$1: exit code of ctl grow --raid-devices $2 without --array-size"
+  SHRINK_NEW=$(named_size /tmp/shrink-refusal.txt)
+  echo "ok: the refusal names $SHRINK_NEW bytes (the array has $SHRINK_OLD)"
+  [ "$SHRINK_NEW" -lt "$SHRINK_OLD" ] && [ "$SHRINK_NEW" -gt $((SHRINK_OLD / 2)) ] ||
+    fail "$1: $SHRINK_NEW is not a $2-member size of a $SHRINK_OLD-byte array"
+  raidnbd_status_json | contains '"reshape": null' || fail "$1: the refusal started a reshape"
+  expect_eq "$(json_number size_bytes /tmp/raidnbd-status.json)" "$SHRINK_OLD" "$1: size after the refusal"
+}

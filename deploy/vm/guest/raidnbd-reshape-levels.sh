@@ -28,9 +28,6 @@ rig_debug() {
   for d in /dev/vda /dev/vdc /dev/vdd /dev/vdf /dev/vdg /dev/vdk; do mdadm --examine "$d" 2>&1 | head -n 45; done
 }
 
-head_digest() { # DEV BYTES: md5 of the first BYTES (a multiple of 64 KiB) of DEV, O_DIRECT
-  dd if="$1" bs=65536 count=$(($2 / 65536)) iflag=direct status=none | md5sum | cut -d' ' -f1
-}
 mdadm_children() { # PIDs of mdadm processes still running (mdadm --grow leaves one waiting)
   for p in /proc/[0-9]*; do
     [ "$(cat "$p/comm" 2>/dev/null)" = mdadm ] && echo "${p#/proc/}"

@@ -69,7 +69,9 @@ pub enum StateChange {
     /// The reshape finished: the new layout, chunk and data offsets are the array's; with
     /// `then_raid0` the raid4 (without its parity member) it was is a raid0 of the roles
     /// before the last, in the same update (md's raid0 grow, mdadm's level change after it).
-    ReshapeEnd { then_raid0: bool },
+    /// With `bitmap_chunk` the bitmap covers `resync_sectors` from now with bits of that many
+    /// sectors (raid10, whose resync space is the array's size).
+    ReshapeEnd { then_raid0: bool, resync_sectors: u64, bitmap_chunk: Option<u64> },
     /// The array's size changed (md's `--grow --size`): every device uses `used_sectors` from
     /// now (md's `size`), and `data_sectors` is the data area each `(device, sectors)` has as
     /// measured now (md's `data_size`). The bitmap, if any, covers `resync_sectors` with bits

@@ -52,6 +52,7 @@ mod quiesce;
 mod read_assembler;
 mod read_balance;
 mod reshape;
+mod reshape_window;
 mod resize;
 mod shape;
 mod slot;

@@ -1,8 +1,10 @@
 //! Reshape: the array changes shape while it serves, in md's format (the superblock side:
 //! `md/reshape.rs`; the kernel's rules, cited: `doc/md-reshape.md`).
 //!
-//! The kinds raidnbd does are md's no-backup reshapes of raid4/5/6: a grow by members, a
-//! layout change, a chunk change, or several at once go *forward*: the data start of every
+//! The kinds raidnbd does are md's no-backup reshapes of raid4/5/6 and of raid10 in a near
+//! layout (`doc/md-reshape-raid10.md`: the copies keep their number, a window is read from
+//! one copy and written to every copy): a grow by members, a layout change, a chunk change,
+//! or several at once go *forward*: the data start of every
 //! device moves `headroom` sectors into the free space before the data, and the new layout
 //! (wider by the new members, in the new rotation or chunk) is written there from the start
 //! of the array up, ahead of the old one. Removing members goes *backwards* (md's
@@ -11,21 +13,22 @@
 //! no new row is ever written over an old row still in use.
 //!
 //! - Start ([`Array::begin_reshape`] / [`Array::begin_shrink`], from `Admin`): checked
-//!   (raid4/5/6, no log, every role in sync, nothing else running, room before the data, or
+//!   (raid4/5/6 or near raid10, no log, every role in sync, nothing else running, room before the data, or
 //!   after it); the new devices are recorded and the start is written to every
 //!   superblock (`StateChange::ReshapeStart`, the front at 0, or at the new end going
 //!   backwards); then, with every request paused, the shape becomes two layouts (going
 //!   forward the devices' data origin moves to the new data start first and the new roles
 //!   come into use). Removing members shrinks the export at once, as md's `--array-size`
 //!   must before such a reshape; the user confirms the new size.
-//! - Steps ([`Array::reshape_step`], from `Maintenance::step`): a window of whole new stripes at
-//!   the front is closed to requests, read from the previous layout (zeros beyond its end),
-//!   written in the new layout (full stripes: parity from the data alone), the members
+//! - Steps ([`Array::reshape_step`], from `Maintenance::step`): a window at the front (whole new
+//!   stripes; raid10: whole chunks, the first from wherever md left the front) is closed to
+//!   requests, read from the previous layout (zeros beyond its end), written in the new
+//!   layout (full stripes: parity from the data alone; raid10: every copy), the members
 //!   flushed, the new front recorded (`ReshapeProgress`), the shape's front moved and the
 //!   window opened. A window ends where the new rows it writes reach the previous layout's
-//!   rows still in use (md's invariant: a restart from the recorded front reads only intact
-//!   rows); recording every window before it opens means no request ever writes the new
-//!   layout where a restart would copy the old one over it.
+//!   rows still in use (md's invariant, `reshape_window.rs`: a restart from the recorded front
+//!   reads only intact rows); recording every window before it opens means no request ever
+//!   writes the new layout where a restart would copy the old one over it.
 //! - End: past the new layout's last stripe (or at 0 going backwards) the superblocks take the
 //!   new geometry (`ReshapeEnd`; removed members become spares), the shape settles on it
 //!   (going backwards the data origin moves to the new data start and the removed roles go),
@@ -43,11 +46,12 @@
 use std::sync::Arc;
 
 use super::maintenance::{MaintenanceWork, Step};
+use super::reshape_window::{least_headroom, next_window, reshape_end, unit_sectors};
 use super::resize::SizeTarget;
 use super::shape::{Direction, Layout, Reshape, Shape};
 use super::slot::{Device, SlotState};
 use super::stripe_write::WriteSource;
-use super::{Array, META_LOCK_KEY, StateChange};
+use super::{Array, DataPath, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -73,19 +77,6 @@ fn refused(message: String) -> RaidError {
     RaidError::new(ErrorKind::Refused, message)
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
-}
-
-/// The least data-start move for a reshape from `o` to `n` data disks with chunk `chunk`:
-/// mdadm's `LCM(chunk·o, chunk·n) / o`, and at least two chunks so that the kernel, should it
-/// take over, stays in its self-safe checkpoint regime (`doc/md-reshape.md` §2.4), and every
-/// window of a backwards reshape holds at least one new stripe.
-fn least_headroom(chunk: u64, o: u64, n: u64) -> u64 {
-    let lcm = chunk * o / gcd(chunk * o, chunk * n) * (chunk * n);
-    (lcm / o).max(2 * chunk)
-}
-
 impl<M: Member + ?Sized> Array<M> {
     /// Why the array cannot start a grow now, if it cannot.
     fn check_growable(&self) -> Result<Geometry> {
@@ -93,6 +84,7 @@ impl<M: Member + ?Sized> Array<M> {
         let geometry = self.settled_and_idle("grow")?;
         match geometry.level() {
             Level::Raid4 | Level::Raid5 | Level::Raid6 => {}
+            Level::Raid10 => check_near(&geometry)?,
             Level::Linear => {
                 return Err(refused(
                     "a linear array only grows by appending members (md's linear has no removal): copy it to a new \
@@ -107,12 +99,7 @@ impl<M: Member + ?Sized> Array<M> {
                         .into(),
                 ));
             }
-            level => {
-                return Err(refused(format!(
-                    "raidnbd reshapes raid0, raid4, raid5 and raid6 by members so far, not {level} (mdadm --grow \
-                     does it for raid10 near layouts)"
-                )));
-            }
+            level => return Err(refused(format!("{level} does not reshape"))),
         }
         if !self.write_hole.reshapes() {
             return Err(refused(
@@ -149,7 +136,6 @@ impl<M: Member + ?Sized> Array<M> {
         new_chunk_sectors: Option<u32>,
     ) -> Result<()> {
         let geometry = self.check_growable()?;
-        let pg = geometry.parity().expect("a parity level");
         let (old_disks, new_disks) = (geometry.raid_disks(), geometry.raid_disks() + devices.len());
         // Missing roles (parity only) are filled by the first devices, recovered by the reshape
         // as it writes the new layout; as many roles at the end of the new layout stay missing.
@@ -162,30 +148,31 @@ impl<M: Member + ?Sized> Array<M> {
             )));
         }
         let layout = new_layout.unwrap_or(geometry.layout());
-        let new_chunk = new_chunk_sectors.unwrap_or(pg.chunk_sectors());
+        let new_chunk = new_chunk_sectors.unwrap_or(geometry.chunk_sectors());
         if geometry.level() == Level::Raid4 && layout != geometry.layout() {
             return Err(refused("raid4 has one layout (parity on the last member)".into()));
         }
-        let changes_placement = layout != geometry.layout() || new_chunk != pg.chunk_sectors();
+        let changes_placement = layout != geometry.layout() || new_chunk != geometry.chunk_sectors();
         if (devices.is_empty() && !changes_placement) || new_disks > MAX_RAID_DISKS {
             return Err(refused(format!(
                 "{new_disks} members: a grow adds 1 to {} members, or changes the layout or chunk",
                 MAX_RAID_DISKS - old_disks
             )));
         }
-        if !pg.size_sectors().is_multiple_of(u64::from(new_chunk)) {
+        let size = geometry.component_sectors();
+        if !size.is_multiple_of(u64::from(new_chunk)) {
             return Err(refused(format!(
                 "every member holds {} KiB of data, not a multiple of the new chunk ({} KiB): the array would shrink; \
                  change the size first (grow --size)",
-                pg.size_sectors() / 2,
+                size / 2,
                 new_chunk / 2
             )));
         }
-        let chunk = u64::from(pg.chunk_sectors().max(new_chunk));
-        let new_geometry = Geometry::new(geometry.level(), layout, new_chunk, &vec![pg.size_sectors(); new_disks])
+        let chunk = u64::from(geometry.chunk_sectors().max(new_chunk));
+        let new_geometry = Geometry::new(geometry.level(), layout, new_chunk, &vec![size; new_disks])
             .map_err(|e| refused(format!("the reshaped array: {e}")))?;
-        let new_pg = new_geometry.parity().expect("a parity level");
-        let need = least_headroom(chunk, pg.data_disks() as u64, new_pg.data_disks() as u64);
+        check_same_copies(&geometry, &new_geometry)?;
+        let need = least_headroom(&geometry, &new_geometry);
         let have = match self.metadata_summary().and_then(|s| s.headroom_sectors) {
             Some(h) => h,
             None => self
@@ -198,11 +185,17 @@ impl<M: Member + ?Sized> Array<M> {
                 .unwrap_or(0),
         };
         if have < need {
+            let with_mdadm = match geometry.parity() {
+                Some(_) => format!(
+                    "mdadm can do it with a backup file: mdadm --grow /dev/mdX --raid-devices={new_disks} \
+                     --layout=... --chunk=... --backup-file=FILE"
+                ),
+                None => "md needs that room too (raid10 has no backup-file mode): copy the array to a new one".into(),
+            };
             return Err(refused(format!(
                 "reshaping to {new_disks} members, layout {}, chunk {} KiB moves the data start {need} sectors \
-                 into the free space before the data, but a member has only {have}; mdadm can do it with a backup \
-                 file: mdadm --grow /dev/mdX --raid-devices={new_disks} --layout=... --chunk=... --backup-file=FILE",
-                ParityLayout::from_md(layout).map_or(layout.to_string(), |l| l.name().to_string()),
+                 into the free space before the data, but a member has only {have}; {with_mdadm}",
+                layout_name(&new_geometry),
                 new_chunk / 2
             )));
         }
@@ -257,7 +250,7 @@ impl<M: Member + ?Sized> Array<M> {
         Ok(())
     }
 
-    /// What removing members from an array of `geometry` (raid4/5/6) to `raid_disks` roles,
+    /// What removing members from an array of `geometry` (raid4/5/6/10) to `raid_disks` roles,
     /// `layout` and `chunk_sectors` takes: the new layout (of the used part that leaves room
     /// after it for the move), the move, and the size to confirm.
     pub(crate) async fn shrink_plan(
@@ -267,32 +260,40 @@ impl<M: Member + ?Sized> Array<M> {
         new_layout: Option<u32>,
         new_chunk_sectors: Option<u32>,
     ) -> Result<ShrinkPlan> {
-        let pg = geometry.parity().expect("a parity level");
         let old_disks = geometry.raid_disks();
         if raid_disks >= old_disks {
             return Err(refused(format!(
                 "{raid_disks} members: removing members leaves fewer than the {old_disks} there are"
             )));
         }
+        if let Some(g) = geometry.raid10().filter(|g| raid_disks < g.layout().copies() as usize) {
+            return Err(refused(format!(
+                "a raid10 of {} copies needs at least {} members",
+                g.layout().copies(),
+                g.layout().copies()
+            )));
+        }
+        let from_size = geometry.component_sectors();
         let layout = new_layout.unwrap_or(geometry.layout());
-        let new_chunk = new_chunk_sectors.unwrap_or(pg.chunk_sectors());
+        let new_chunk = new_chunk_sectors.unwrap_or(geometry.chunk_sectors());
         if geometry.level() == Level::Raid4 && layout != geometry.layout() {
             return Err(refused("raid4 has one layout (parity on the last member)".into()));
         }
-        let chunk = u64::from(pg.chunk_sectors().max(new_chunk));
+        let chunk = u64::from(geometry.chunk_sectors().max(new_chunk));
         let shaped = |size: u64| {
             Geometry::new(geometry.level(), layout, new_chunk, &vec![size; raid_disks])
                 .map_err(|e| refused(format!("the reshaped array: {e}")))
         };
-        let n = shaped(pg.size_sectors())?.parity().expect("a parity level").data_disks() as u64;
-        let need = least_headroom(chunk, pg.data_disks() as u64, n);
+        let shaped_now = shaped(from_size)?;
+        check_same_copies(geometry, &shaped_now)?;
+        let need = least_headroom(geometry, &shaped_now);
         // The new layout lies `headroom` after the old one inside every device's data area
         // (md's `data_size`); the used part shrinks where the area has too little room left.
         let area = match self.metadata_summary().and_then(|s| s.data_area_sectors) {
             Some(sectors) => sectors,
             None => self.device_room().await?.0.sectors,
         };
-        let size = pg.size_sectors().min(area.saturating_sub(need)) / chunk * chunk;
+        let size = from_size.min(area.saturating_sub(need)) / chunk * chunk;
         if size == 0 {
             return Err(refused(format!(
                 "removing members moves the data start {need} sectors up, but a member's data area holds only {area} \
@@ -301,13 +302,11 @@ impl<M: Member + ?Sized> Array<M> {
         }
         let headroom = (area - size).min(MAX_HEADROOM_SECTORS.max(need)) / chunk * chunk;
         let new_geometry = shaped(size)?;
-        debug_assert_eq!(new_geometry.array_sectors(), size * n, "md's raid5_size: both chunks divide the size");
-        Ok(ShrinkPlan {
-            size_sectors: size,
-            headroom_sectors: headroom,
-            new_geometry,
-            from_size_sectors: pg.size_sectors(),
-        })
+        if let Some(npg) = new_geometry.parity() {
+            let n = npg.data_disks() as u64;
+            debug_assert_eq!(new_geometry.array_sectors(), size * n, "md's raid5_size: both chunks divide the size");
+        }
+        Ok(ShrinkPlan { size_sectors: size, headroom_sectors: headroom, new_geometry, from_size_sectors: from_size })
     }
 
     /// Refuses to shrink the export to what `plan` gives unless `confirmed_bytes` names it.
@@ -396,36 +395,21 @@ impl<M: Member + ?Sized> Array<M> {
         let Some(reshape) = shape.reshape().cloned() else { return Ok(None) };
         self.maintenance.lock().current = Some(MaintenanceWork::Reshape);
         let (new, previous) = (shape.layout().clone(), reshape.previous.clone());
-        let (npg, ppg) = (new.parity().expect("raid4/5/6"), previous.parity().expect("raid4/5/6"));
-        let (o, n) = (ppg.data_disks() as u64, npg.data_disks() as u64);
-        let (co, cn) = (u64::from(ppg.chunk_sectors()), u64::from(npg.chunk_sectors()));
-        let unit = co.max(cn) * n;
+        let unit = unit_sectors(&previous, &new);
         let end = reshape_end(&new, &previous);
         let front = reshape.front_sectors;
+        let done = match reshape.direction {
+            Direction::Forward => front >= end,
+            Direction::Backward => front == 0,
+        };
+        if done {
+            return self.finish_reshape(&shape).await.map(Some);
+        }
         let wanted = (max_bytes / SECTOR_BYTES).clamp(unit, MAX_WINDOW_SECTORS) / unit * unit;
-        // The window's new rows must not reach the previous layout's rows still in use (all
-        // offsets from the data origin): forward, they end where the old stripe holding the
-        // front begins; backwards, they begin where the old stripes below the front end.
-        let (window, next_front) = match reshape.direction {
-            Direction::Forward => {
-                if front >= end {
-                    return self.finish_reshape(&shape).await.map(Some);
-                }
-                let old_rows_in_use = previous.shift_sectors() + front / (o * co) * co;
-                let by_rows =
-                    (old_rows_in_use.saturating_sub(new.shift_sectors()) * n).saturating_sub(front) / unit * unit;
-                let window = wanted.min(by_rows).min(end - front);
-                (front..front + window, front + window)
-            }
-            Direction::Backward => {
-                if front == 0 {
-                    return self.finish_reshape(&shape).await.map(Some);
-                }
-                let old_rows_end = previous.shift_sectors() + front.div_ceil(o * co) * co;
-                let by_rows = front.saturating_sub(old_rows_end.saturating_sub(new.shift_sectors()) * n) / unit * unit;
-                let window = wanted.min(by_rows).min(front);
-                (front - window..front, front - window)
-            }
+        let window = next_window(&previous, &new, reshape.direction, front, end, wanted);
+        let next_front = match reshape.direction {
+            Direction::Forward => window.end,
+            Direction::Backward => window.start,
         };
         if window.is_empty() {
             return Err(RaidError::new(
@@ -440,9 +424,9 @@ impl<M: Member + ?Sized> Array<M> {
             self.shape.open_window();
             return Err(e);
         }
-        if reshape.direction == Direction::Forward {
+        if let (Direction::Forward, Some(npg)) = (reshape.direction, new.parity()) {
             // Members filling missing roles hold the new layout's rows below the front now.
-            let rows = new.shift_sectors() + next_front / n;
+            let rows = new.shift_sectors() + next_front / npg.data_disks() as u64;
             for slot in self.members.slots().iter().filter(|s| s.state() == SlotState::Recovering) {
                 slot.set_recovery_offset(rows);
             }
@@ -467,14 +451,23 @@ impl<M: Member + ?Sized> Array<M> {
         let old_end = previous.geometry().array_sectors();
         if start < old_end {
             let len = ((old_end.min(start + sectors) - start) * SECTOR_BYTES) as usize;
-            let old = self.read_striped(previous, start, len).await?;
+            let old = match DataPath::of(previous) {
+                DataPath::Striped => self.read_striped(previous, start, len).await?,
+                DataPath::Mirrored => self.read_mirrored(previous, start, len).await?,
+            };
             let mut at = 0;
             for slice in old.slices() {
                 data.as_mut_slice()[at..at + slice.len()].copy_from_slice(slice);
                 at += slice.len();
             }
         }
-        self.write_striped(new, start, sectors, WriteSource::Data(data.as_slice()), false).await?;
+        match DataPath::of(new) {
+            DataPath::Striped => {
+                self.write_striped(new, start, sectors, WriteSource::Data(data.as_slice()), false).await?
+            }
+            // Every copy of the new layout, from the one copy read.
+            DataPath::Mirrored => self.write_mirrored(new, start, data.as_slice(), false).await?,
+        }
         self.flush().await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.try_persist_locked(StateChange::ReshapeProgress { position_sectors: next_front }).await
@@ -490,21 +483,32 @@ impl<M: Member + ?Sized> Array<M> {
             true => Some(self.takeover_plan(shape.layout().geometry(), Level::Raid0)?),
             false => None,
         };
+        let new = shape.layout().clone();
+        // md's resync space of raid10 is the array's sectors: its bitmap covers the new size
+        // from the end on (`raid10_finish_reshape`; bits of a larger chunk where it must).
+        let resync_sectors = new.geometry().resync_sectors();
+        let previous_resync = shape.reshape().map_or(resync_sectors, |r| r.previous.geometry().resync_sectors());
+        let bitmap_chunk = match resync_sectors != previous_resync {
+            true => self.intent.as_ref().map(|intent| self.bitmap_chunk_for(intent, resync_sectors)),
+            false => None,
+        };
         {
             let _g = self.locks.lock(META_LOCK_KEY).await;
-            self.try_persist_locked(StateChange::ReshapeEnd { then_raid0: raid0.is_some() }).await?;
+            let end = StateChange::ReshapeEnd { then_raid0: raid0.is_some(), resync_sectors, bitmap_chunk };
+            self.try_persist_locked(end).await?;
         }
-        let new = shape.layout().clone();
         let layout = Arc::new(Layout::settled(new.geometry().clone()));
         for slot in self.members.slots().iter().filter(|s| s.state() == SlotState::Recovering) {
             slot.set_in_sync();
         }
-        if new.shift_sectors() == 0 {
-            self.shape.install(self.shape.next_shape(layout.clone(), None));
-        } else {
+        // Nothing runs while the shape settles: a grown export's first writes find their bits.
+        let paused = self.shape.pause().await;
+        if let (Some(intent), Some(chunk)) = (&self.intent, bitmap_chunk) {
+            intent.resize(chunk, resync_sectors.div_ceil(chunk), 0..0);
+        }
+        if new.shift_sectors() != 0 {
             // Backwards: every device's data origin moves up to the new layout, and the roles
             // removed go (a working device stays as a spare, as md).
-            let paused = self.shape.pause().await;
             self.members.move_origins((new.shift_sectors() * SECTOR_BYTES) as i64);
             let previous_roles = shape.reshape().map_or(0, |r| r.previous.geometry().raid_disks());
             for role in (new.geometry().raid_disks()..previous_roles).rev() {
@@ -513,9 +517,9 @@ impl<M: Member + ?Sized> Array<M> {
                     self.members.add_spares(vec![device]);
                 }
             }
-            self.shape.install(self.shape.next_shape(layout.clone(), None));
-            drop(paused);
         }
+        self.shape.install(self.shape.next_shape(layout.clone(), None));
+        drop(paused);
         if let Some(plan) = raid0 {
             // The parity role goes (missing after a grow; after a shrink its device, which
             // held the new layout's parity, is a spare).
@@ -576,24 +580,42 @@ impl<M: Member + ?Sized> Array<M> {
     }
 }
 
-/// The array sector the new layout's reshape ends at (going backwards: starts at): md moves
-/// `max(chunks)`-row units up to the device size rounded down to that, times the new data
-/// disks.
-fn reshape_end(new: &Layout, previous: &Layout) -> u64 {
-    let (npg, ppg) = (new.parity().expect("raid4/5/6"), previous.parity().expect("raid4/5/6"));
-    let rows = u64::from(npg.chunk_sectors().max(ppg.chunk_sectors()));
-    npg.size_sectors() / rows * rows * npg.data_disks() as u64
+/// raid10 reshapes in its near layouts only (md's raid10.c reshapes near and offset layouts,
+/// never far ones; mdadm's `--grow` does offset layouts too).
+fn check_near(geometry: &Geometry) -> Result<()> {
+    match geometry.raid10().map(|g| g.layout()) {
+        Some(l) if l.far_copies == 1 && !l.offset => Ok(()),
+        Some(l) if l.far_copies > 1 && !l.offset => {
+            Err(refused(format!("{} (far copies) cannot be reshaped, by md either: copy it to a new array", l.name())))
+        }
+        Some(l) => Err(refused(format!(
+            "raidnbd reshapes raid10 near layouts (n2, n3, ...), not {}: mdadm --grow does offset layouts",
+            l.name()
+        ))),
+        None => Ok(()),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A raid10 keeps its number of copies and stays near (md's `raid10_check_reshape`).
+fn check_same_copies(previous: &Geometry, new: &Geometry) -> Result<()> {
+    let (Some(p), Some(n)) = (previous.raid10(), new.raid10()) else { return Ok(()) };
+    check_near(new)?;
+    if p.layout().copies() != n.layout().copies() {
+        return Err(refused(format!(
+            "a reshape keeps the number of copies ({} to {}): md cannot change it either",
+            p.layout().name(),
+            n.layout().name()
+        )));
+    }
+    Ok(())
+}
 
-    #[test]
-    fn the_least_headroom_is_mdadms_and_two_chunks() {
-        // mdadm: LCM(c·O, c·N) / O; 3 -> 4 disks of raid5 (O=2, N=3) with 512 KiB chunks.
-        assert_eq!(least_headroom(1024, 2, 3), 3072);
-        assert_eq!(least_headroom(1024, 3, 4), 4096);
-        assert_eq!(least_headroom(128, 1, 2), 256);
+/// A layout's name for people (md's number where it has none).
+fn layout_name(geometry: &Geometry) -> String {
+    match geometry.raid10() {
+        Some(g) => g.layout().name(),
+        None => {
+            ParityLayout::from_md(geometry.layout()).map_or(geometry.layout().to_string(), |l| l.name().to_string())
+        }
     }
 }

@@ -158,11 +158,7 @@ impl<M: Member + ?Sized> Array<M> {
         let resync_offset = resync_unit.filter(|_| growing && marks_resync).map(|u| u * unit_sectors);
         let (old_resync, new_resync) = (geometry.resync_sectors(), grown.resync_sectors());
         let bitmap = self.intent.as_ref().map(|intent| {
-            let room = self.metadata_summary().and_then(|s| s.bitmap_room_chunks).unwrap_or(intent.chunks());
-            let mut chunk = intent.chunk_sectors();
-            while new_resync.div_ceil(chunk) > room.max(1) {
-                chunk *= 2;
-            }
+            let chunk = self.bitmap_chunk_for(intent, new_resync);
             let dirty = if growing { old_resync / chunk..new_resync.div_ceil(chunk) } else { 0..0 };
             (chunk, dirty)
         });
@@ -197,6 +193,17 @@ impl<M: Member + ?Sized> Array<M> {
         );
         self.maintenance.wake();
         Ok(Resized { from_component_sectors: from, to_component_sectors: to, from_bytes, to_bytes })
+    }
+
+    /// The bitmap chunk (resync sectors per bit) for `resync_sectors`: the present one, doubled
+    /// until the bits fit in the room the bitmap has (md's `md_bitmap_resize`).
+    pub(super) fn bitmap_chunk_for(&self, intent: &super::intent::WriteIntent, resync_sectors: u64) -> u64 {
+        let room = self.metadata_summary().and_then(|s| s.bitmap_room_chunks).unwrap_or(intent.chunks());
+        let mut chunk = intent.chunk_sectors();
+        while resync_sectors.div_ceil(chunk) > room.max(1) {
+            chunk *= 2;
+        }
+        chunk
     }
 
     /// The room every device has for data now (asked again), the device with the least, and

@@ -83,13 +83,37 @@ impl Layout {
         self.parity().expect("a parity layout").stripe_member_sector(stripe) + self.shift_sectors
     }
 
-    /// Sectors of one stripe's data (raid4/5/6), or of one chunk (other levels with chunks):
-    /// the unit a front must be aligned to.
+    /// The unit a front must be aligned to: one stripe's data (raid4/5/6, as md's raid5
+    /// moves whole stripes); any sector for raid10, whose `reshape_position` md takes
+    /// anywhere (`reshape_request` pauses "in the middle of a chunk").
     fn alignment_sectors(&self) -> u64 {
         match self.parity() {
             Some(pg) => pg.stripe_data_sectors(),
-            None => u64::from(self.geometry.chunk_sectors()).max(1),
+            None => 1,
         }
+    }
+
+    /// The first member sector (from the data origin) of the rows holding `array_sector`:
+    /// no array sector at or past it lies lower (md's `first_dev_address`). Levels that
+    /// reshape: raid4/5/6 and raid10.
+    pub(crate) fn first_member_sector(&self, array_sector: u64) -> u64 {
+        self.shift_sectors
+            + match (self.parity(), self.geometry.raid10()) {
+                (Some(pg), _) => array_sector / pg.stripe_data_sectors() * u64::from(pg.chunk_sectors()),
+                (None, Some(g)) => g.first_row_sector(array_sector),
+                (None, None) => unreachable!("{} does not reshape", self.geometry.level()),
+            }
+    }
+
+    /// The member sector past the rows holding `array_sector`: no array sector at or before
+    /// it lies at or past it (md's `last_dev_address`).
+    pub(crate) fn member_end_sector(&self, array_sector: u64) -> u64 {
+        self.shift_sectors
+            + match (self.parity(), self.geometry.raid10()) {
+                (Some(pg), _) => (array_sector / pg.stripe_data_sectors() + 1) * u64::from(pg.chunk_sectors()),
+                (None, Some(g)) => g.rows_end_sector(array_sector),
+                (None, None) => unreachable!("{} does not reshape", self.geometry.level()),
+            }
     }
 }
 

@@ -183,6 +183,23 @@ impl Raid10Geometry {
         Mapped { copies, len_sectors: chunk - offset }
     }
 
+    /// md's `first_dev_address`: the first member sector of the row holding the first copy
+    /// of `array_sector`'s chunk. Rows only grow with the chunk, so no copy of a later chunk
+    /// lies below it (a reshape's checkpoint rule, `doc/md-reshape-raid10.md` §3.3).
+    pub fn first_row_sector(&self, array_sector: u64) -> u64 {
+        let chunk = u64::from(self.chunk_sectors);
+        let (nc, fc) = (u64::from(self.layout.near_copies), u64::from(self.layout.far_copies));
+        array_sector / chunk * nc / self.raid_disks as u64 * fc * chunk
+    }
+
+    /// md's `last_dev_address`: the end of the row holding the last copy of `array_sector`'s
+    /// chunk; no copy of it or of an earlier chunk lies at or past it.
+    pub fn rows_end_sector(&self, array_sector: u64) -> u64 {
+        let chunk = u64::from(self.chunk_sectors);
+        let (nc, fc) = (u64::from(self.layout.near_copies), u64::from(self.layout.far_copies));
+        ((array_sector / chunk + 1) * nc).div_ceil(self.raid_disks as u64) * fc * chunk
+    }
+
     /// Whether every chunk keeps a copy on a member not in `is_missing` (indexed by role).
     /// Chunk `v`'s copies are the `nc·fc` devices cyclically from `v·nc mod n`, a pattern
     /// that repeats every `n` chunks, so checking the first `min(n, array_chunks)` is exact.
@@ -225,6 +242,24 @@ mod inverse_tests {
                 }
             }
             assert_eq!(used, hits, "{layout} x{disks}: member chunks in use = copies");
+        }
+    }
+
+    /// The row bounds are md's: every copy of a chunk lies inside them (near and offset).
+    #[test]
+    fn row_bounds_hold_every_copy() {
+        for (layout, disks) in [("n2", 4), ("n2", 3), ("n2", 5), ("n3", 5), ("n3", 4), ("o2", 4), ("o3", 3)] {
+            let code = Raid10Layout::parse(layout).unwrap().to_md();
+            let g = Raid10Geometry::new(code, 8, disks, 8 * 31).unwrap();
+            for chunk in 0..g.array_sectors() / 8 {
+                let (first, end) = (g.first_row_sector(chunk * 8), g.rows_end_sector(chunk * 8 + 7));
+                for c in g.map(chunk * 8).copies {
+                    assert!(first <= c.member_sector && c.member_sector + 8 <= end, "{layout} x{disks} chunk {chunk}");
+                }
+                if chunk > 0 {
+                    assert!(g.first_row_sector(chunk * 8) >= g.first_row_sector(chunk * 8 - 8), "monotonic");
+                }
+            }
         }
     }
 }

@@ -10,15 +10,16 @@
 //! `max(old chunk, new chunk) × new data disks`. At the end `data_offset` moves by
 //! `new_offset`, `data_size` the other way, and layout and chunk become the new ones.
 //!
-//! raidnbd starts and continues md's no-backup reshapes of raid4/5/6: those that add members
-//! or change the layout or chunk go forward, moving the data start into the headroom before
+//! raidnbd starts and continues md's no-backup reshapes of raid4/5/6 and of raid10's near
+//! layouts (whose `reshape_position` may be any sector): those that add members or change the
+//! layout or chunk go forward, moving the data start into the headroom before
 //! the data; those that remove members go backwards (md's `reshape_backwards`), moving the
 //! data start into the room after the data. That is what mdadm does without `--backup-file`
 //! when there is room. Anything else found on disk is refused naming the mdadm command that
 //! continues it.
 
 use crate::error::{ErrorKind, RaidError};
-use crate::geometry::Level;
+use crate::geometry::{Level, Raid10Geometry, Raid10Layout};
 
 use super::dev_role::DevRole;
 use super::feature::FeatureMap;
@@ -128,8 +129,18 @@ impl ArrayMetadata {
              one), then serve the array here",
             self.short_name()
         );
-        if !matches!(self.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
-            return Err(cannot(format!("array {name}: a reshape of {} is in progress; {with_mdadm}", self.level)));
+        let near = |layout: u32| Raid10Layout::from_md(layout).is_some_and(|l| l.far_copies == 1 && !l.offset);
+        match self.level {
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => {}
+            Level::Raid10 if near(self.layout) && near(self.new_layout) => {}
+            Level::Raid10 => {
+                return Err(cannot(format!(
+                    "array {name}: a reshape of raid10 layout {:#x} to {:#x} is in progress; raidnbd continues those \
+                     of near layouts; {with_mdadm}",
+                    self.layout, self.new_layout
+                )));
+            }
+            level => return Err(cannot(format!("array {name}: a reshape of {level} is in progress; {with_mdadm}"))),
         }
         if self.new_level != self.level.to_md() {
             return Err(cannot(format!(
@@ -167,6 +178,26 @@ impl ArrayMetadata {
                 "array {name}: a reshape that does not move the data start of every member alike (new_offset {deltas:?}) \
                  is in progress; it needs mdadm's backup file: {with_mdadm}"
             )));
+        }
+        if self.level == Level::Raid10 {
+            // md records any sector of a raid10 reshape (`reshape_request` pauses mid-chunk); the
+            // new layout ends at its own size (a grow goes on past the old end, a shrink starts there).
+            let to = Raid10Geometry::new(self.new_layout, self.new_chunk, self.raid_disks as usize, self.size)
+                .map_or(0, |g| g.array_sectors());
+            if self.reshape_position > to {
+                return Err(cannot(format!(
+                    "array {name}: reshape_position {} lies past the reshaped array's end ({to} sectors)",
+                    self.reshape_position
+                )));
+            }
+            return Ok(Some(ReshapeState {
+                end_sectors: to,
+                previous_raid_disks,
+                new_layout: self.new_layout,
+                new_chunk_sectors: self.new_chunk,
+                position_sectors: self.reshape_position,
+                offset_delta_sectors: delta,
+            }));
         }
         let parity = self.level.parity_blocks();
         let new_data_disks = self.raid_disks as u64 - parity as u64;

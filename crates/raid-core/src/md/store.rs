@@ -252,8 +252,11 @@ impl MetadataStore for MdStore {
                 }
             }
             StateChange::ReshapeProgress { position_sectors } => self.metadata.set_reshape_position(position_sectors),
-            StateChange::ReshapeEnd { then_raid0 } => {
+            StateChange::ReshapeEnd { then_raid0, resync_sectors, bitmap_chunk } => {
                 self.metadata.finish_reshape();
+                if let (Some(bitmap), Some(chunk_sectors)) = (self.bitmap.as_mut(), bitmap_chunk) {
+                    bitmap.resize(resync_sectors, chunk_sectors * 512, 0..0)?;
+                }
                 if then_raid0 {
                     let m = &self.metadata;
                     let (chunk, raid_disks, size) = (m.chunk_sectors, m.raid_disks as usize - 1, m.size);

@@ -218,3 +218,20 @@ pub fn check_each_role_missing(members: &[Arc<MemoryMember>], model: &[u8], what
         restore(members, &images);
     }
 }
+
+/// Asks to remove members without naming the size: the refusal names it; then removes them
+/// confirming it. Returns the new size.
+pub fn remove_confirmed(array: &Array<dyn Member>, raid_disks: usize) -> u64 {
+    let err = block_on(array.admin().remove_members(raid_disks, None, None, None)).unwrap_err();
+    let text = err.to_string();
+    let size: u64 = text
+        .rsplit("--array-size ")
+        .next()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the refusal names the size: {text}"));
+    assert!(text.contains("is lost"), "{text}");
+    let wrong = block_on(array.admin().remove_members(raid_disks, None, None, Some(size + 4096))).unwrap_err();
+    assert!(wrong.to_string().contains(&format!("--array-size {size}")), "{wrong}");
+    block_on(array.admin().remove_members(raid_disks, None, None, Some(size))).expect("the shrink starts");
+    size
+}
