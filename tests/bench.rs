@@ -97,6 +97,16 @@ fn quick_bench_writes_parsable_plausible_results() {
                     (mb * 1e6 / iops - bs as f64).abs() < 0.01 * bs as f64,
                     "{what}: MB/s and IOPS disagree with bs"
                 );
+                // What it cost: the server's CPU from its metrics, fio's own, the copies.
+                let cpu = r["server_cpu_us_per_op"].as_f64().unwrap_or(0.0);
+                assert!(cpu > 0.0 && cpu < 1e6, "{what}: server CPU per request {cpu} µs");
+                assert!(r["server_cpu_us_per_mib"].as_f64().is_some_and(|c| c > 0.0), "{what}: no CPU per MiB");
+                assert!(r["client_cpu_us_per_op"].as_f64().is_some_and(|c| c > 0.0), "{what}: no client CPU");
+                let copies = r["copies_per_written_byte"].as_f64();
+                match r["rw"].as_str().unwrap().contains("write") {
+                    true => assert!(copies.is_some_and(|c| (1.0..20.0).contains(&c)), "{what}: copies {copies:?}"),
+                    false => assert_eq!(copies, None, "{what}: a read writes nothing"),
+                }
             }
             Some("skipped") => {
                 assert_eq!(r["cache"], "writeback", "{what}: only writeback may be skipped");

@@ -38,6 +38,8 @@ pub struct Measurement {
     pub lat_mean_us: f64,
     pub lat_p99_us: Option<f64>,
     pub io_bytes: u64,
+    /// fio's own CPU (user + system) per request of the measured period, microseconds.
+    pub client_cpu_us_per_op: Option<f64>,
 }
 
 /// Checks fio is installed and has the nbd engine; returns its version line.
@@ -175,7 +177,14 @@ pub fn parse(text: &str, write: bool) -> Result<Measurement> {
     if io_bytes == 0 {
         bail!("fio moved no data");
     }
-    Ok(Measurement { bytes_per_sec, iops, lat_mean_us, lat_p99_us, io_bytes })
+    // fio's CPU over the job's runtime (usr_cpu and sys_cpu are percent of it).
+    let client_cpu_us_per_op = (|| {
+        let percent = job.get("usr_cpu")?.as_f64()? + job.get("sys_cpu")?.as_f64()?;
+        let runtime_ms = job.get("job_runtime")?.as_f64()?;
+        let ios = side.get("total_ios")?.as_f64().filter(|&n| n > 0.0)?;
+        Some(percent / 100.0 * runtime_ms * 1000.0 / ios)
+    })();
+    Ok(Measurement { bytes_per_sec, iops, lat_mean_us, lat_p99_us, io_bytes, client_cpu_us_per_op })
 }
 
 #[cfg(test)]
@@ -183,9 +192,9 @@ mod tests {
     use super::*;
 
     const SAMPLE: &str = r#"fio: connected to NBD server
-{"fio version":"fio-3.33","jobs":[{"jobname":"t","error":0,
+{"fio version":"fio-3.33","jobs":[{"jobname":"t","error":0,"usr_cpu":10.0,"sys_cpu":15.0,"job_runtime":2000,
  "read":{"io_bytes":0,"bw_bytes":0,"iops":0.0,"lat_ns":{"mean":0.0}},
- "write":{"io_bytes":67108864,"bw_bytes":285569634,"iops":272.34,
+ "write":{"io_bytes":67108864,"bw_bytes":285569634,"iops":272.34,"total_ios":500,
   "lat_ns":{"mean":3650000.5},"clat_ns":{"percentile":{"99.000000":5210112}}}}]}"#;
 
     #[test]
@@ -196,6 +205,8 @@ mod tests {
         assert_eq!(m.io_bytes, 64 << 20);
         assert!((m.lat_mean_us - 3650.0005).abs() < 1e-6);
         assert_eq!(m.lat_p99_us, Some(5210.112));
+        // 25 % of 2 s over 500 requests.
+        assert_eq!(m.client_cpu_us_per_op, Some(1000.0));
         assert!(parse(SAMPLE, false).is_err(), "the read side moved nothing");
     }
 

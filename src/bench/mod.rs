@@ -16,6 +16,7 @@
 //! members (unless `--keep`).
 
 mod args;
+mod cost;
 mod fio;
 mod notes;
 mod plan;
@@ -307,6 +308,10 @@ fn new_record(
         fio_iops: None,
         lat_mean_us: None,
         lat_p99_us: None,
+        server_cpu_us_per_op: None,
+        server_cpu_us_per_mib: None,
+        client_cpu_us_per_op: None,
+        copies_per_written_byte: None,
         ratio_vs_single: None,
         load_avg_1m: None,
         wall_seconds: 0.0,
@@ -404,7 +409,15 @@ fn measure(
     };
     let json = workspace.root.join(format!("fio-{}-{cache}-{}.json", array.id(), w.id));
     let started = Instant::now();
+    let before = cost::scrape(served.metrics_port);
     let result = fio::run(&job, &json, &INTERRUPTED);
+    let spent = match (before, cost::scrape(served.metrics_port)) {
+        (Ok(before), Ok(after)) => cost::between(&before, &after),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("{} {cache} · {}: no server cost: {e:#}", array.label(), w.label);
+            None
+        }
+    };
     let took = started.elapsed();
     let mut record = new_record(array, cache, w, Status::Ok, None, 0);
     record.wall_seconds = took.as_secs_f64();
@@ -418,6 +431,12 @@ fn measure(
             record.fio_iops = Some(m.iops);
             record.lat_mean_us = Some(m.lat_mean_us);
             record.lat_p99_us = m.lat_p99_us;
+            record.client_cpu_us_per_op = m.client_cpu_us_per_op;
+            if let Some(c) = spent {
+                record.server_cpu_us_per_op = Some(c.cpu_us_per_op);
+                record.server_cpu_us_per_mib = Some(c.cpu_us_per_mib);
+                record.copies_per_written_byte = c.copies_per_written_byte;
+            }
             let baseline = earlier
                 .iter()
                 .rev()
@@ -425,8 +444,11 @@ fn measure(
                 .and_then(|r| r.mb_per_s)
                 .filter(|_| !array.is_single());
             let ratio = baseline.map_or(String::new(), |b| format!(", {:.2}× single", mb / b));
-            progress
-                .run_done(took, &format!("{} MB/s, {} IOPS{ratio}", report::format_mb(mb), report::format_iops(iops)));
+            let cpu = spent.map_or(String::new(), |c| format!(", server {:.1} µs CPU/op", c.cpu_us_per_op));
+            progress.run_done(
+                took,
+                &format!("{} MB/s, {} IOPS{ratio}{cpu}", report::format_mb(mb), report::format_iops(iops)),
+            );
         }
         Err(e) => {
             check_interrupted()?;

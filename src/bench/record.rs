@@ -58,6 +58,13 @@ pub struct RunRecord {
     pub fio_iops: Option<f64>,
     pub lat_mean_us: Option<f64>,
     pub lat_p99_us: Option<f64>,
+    /// The server's CPU time per request and per MiB moved (its own counts, cost.rs).
+    pub server_cpu_us_per_op: Option<f64>,
+    pub server_cpu_us_per_mib: Option<f64>,
+    /// fio's CPU time per request.
+    pub client_cpu_us_per_op: Option<f64>,
+    /// Copies of written data per byte written, its receipt included (1.0: no copy after it).
+    pub copies_per_written_byte: Option<f64>,
     /// This MB/s over single's MB/s (same workload and cache mode).
     pub ratio_vs_single: Option<f64>,
     /// 1-minute load average when the run ended (other work on the machine disturbs results).
@@ -245,6 +252,10 @@ pub(crate) mod tests {
             fio_iops: mb.map(|m| m * 1e6 / 4096.0),
             lat_mean_us: mb.map(|_| 100.0),
             lat_p99_us: None,
+            server_cpu_us_per_op: None,
+            server_cpu_us_per_mib: None,
+            client_cpu_us_per_op: None,
+            copies_per_written_byte: None,
             ratio_vs_single: None,
             load_avg_1m: Some(1.0),
             wall_seconds: 1.0,

@@ -26,6 +26,17 @@ fn format_us(v: f64) -> String {
     if v >= 10_000.0 { format!("{:.1} ms", v / 1000.0) } else { format!("{v:.0} µs") }
 }
 
+/// CPU time: `12.3 µs`, `315 µs`, `1.2 ms`.
+fn format_cpu_us(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{:.1} ms", v / 1000.0)
+    } else if v >= 100.0 {
+        format!("{v:.0} µs")
+    } else {
+        format!("{v:.1} µs")
+    }
+}
+
 /// Arrays in the order they were run, and workloads likewise.
 pub fn distinct<'a>(runs: &'a [RunRecord], key: impl Fn(&'a RunRecord) -> &'a str) -> Vec<&'a str> {
     let mut out: Vec<&str> = Vec::new();
@@ -109,9 +120,12 @@ pub fn markdown(report: &BenchReport) -> String {
         md.push('\n');
     }
     let _ = writeln!(md, "## Every run\n");
-    let _ =
-        writeln!(md, "| Array | Cache | Workload | bs | QD | MB/s | IOPS | × single | mean lat | p99 lat | load 1m |");
-    let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| Array | Cache | Workload | bs | QD | MB/s | IOPS | × single | mean lat | p99 lat | server CPU/op | server \
+         CPU/MiB | client CPU/op | copies/B written | load 1m |"
+    );
+    let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut collapsed: Vec<(&str, &str)> = Vec::new();
     for r in runs {
         if r.status == Status::Skipped {
@@ -121,7 +135,7 @@ pub fn markdown(report: &BenchReport) -> String {
                 if !collapsed.contains(&(r.array.as_str(), r.cache.as_str())) {
                     collapsed.push((&r.array, &r.cache));
                     let note = r.note.as_deref().unwrap_or("skipped");
-                    let _ = writeln!(md, "| {} | {} | all | | | {note} | | | | | |", r.array, r.cache);
+                    let _ = writeln!(md, "| {} | {} | all | | | {note} | | | | | | | | | |", r.array, r.cache);
                 }
                 continue;
             }
@@ -138,7 +152,7 @@ pub fn markdown(report: &BenchReport) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {measured} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {measured} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.array,
             r.cache,
             r.label,
@@ -148,6 +162,10 @@ pub fn markdown(report: &BenchReport) -> String {
             opt(r.ratio_vs_single, |x| format!("{x:.2}×")),
             opt(r.lat_mean_us, format_us),
             opt(r.lat_p99_us, format_us),
+            opt(r.server_cpu_us_per_op, format_cpu_us),
+            opt(r.server_cpu_us_per_mib, format_cpu_us),
+            opt(r.client_cpu_us_per_op, format_cpu_us),
+            opt(r.copies_per_written_byte, |c| format!("{c:.2}")),
             opt(r.load_avg_1m, |l| format!("{l:.1}")),
         );
     }
@@ -233,7 +251,8 @@ fn csv_field(text: &str) -> String {
 
 pub const CSV_HEADER: &str = "array,level,members,chunk_bytes,cache,workload,label,rw,block_bytes,iodepth,status,note,\
                               mb_per_s,iops,fio_iops,lat_mean_us,lat_p99_us,ratio_vs_single,load_avg_1m,wall_seconds,rounds,\
-                              mb_per_s_min,mb_per_s_max";
+                              mb_per_s_min,mb_per_s_max,server_cpu_us_per_op,server_cpu_us_per_mib,client_cpu_us_per_op,\
+                              copies_per_written_byte";
 
 /// One line per run, numbers unformatted.
 pub fn csv(runs: &[RunRecord]) -> String {
@@ -264,6 +283,10 @@ pub fn csv(runs: &[RunRecord]) -> String {
             r.rounds.to_string(),
             num(r.mb_per_s_min),
             num(r.mb_per_s_max),
+            num(r.server_cpu_us_per_op),
+            num(r.server_cpu_us_per_mib),
+            num(r.client_cpu_us_per_op),
+            num(r.copies_per_written_byte),
         ];
         out.push_str(&fields.join(","));
         out.push('\n');

@@ -235,6 +235,8 @@ pub enum Served {
 pub struct ServedArray {
     child: Child,
     pub port: u16,
+    /// Where its metrics are (`--metrics`): what each run costs it (cost.rs).
+    pub metrics_port: u16,
     pub log: PathBuf,
 }
 
@@ -275,10 +277,13 @@ pub fn serve(
     log: &Path,
 ) -> Result<Served> {
     let port = free_port()?;
+    let metrics_port = free_port()?;
     let mut args: Vec<String> = vec![
         "serve".into(),
         "--listen".into(),
         format!("127.0.0.1:{port}"),
+        "--metrics".into(),
+        format!("127.0.0.1:{metrics_port}"),
         "--export".into(),
         EXPORT.into(),
         "--cache".into(),
@@ -301,7 +306,7 @@ pub fn serve(
         .stderr(log_file)
         .spawn()
         .context("cannot start raidnbd serve")?;
-    let mut served = ServedArray { child, port, log: log.to_path_buf() };
+    let mut served = ServedArray { child, port, metrics_port, log: log.to_path_buf() };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = served.child.try_wait().context("waiting for raidnbd serve")? {

@@ -494,6 +494,38 @@ impl Collector for ScrapeCollector {
             MetricType::Gauge,
             arrays.iter().filter_map(|a| a.dirty_bitmap_chunks.map(|c| (export_label(&a.export), gauge(c)))),
         )?;
+
+        // The process: what serving costs.
+        let none: [(&str, &str); 0] = [];
+        family(
+            enc,
+            "process_cpu_seconds",
+            "CPU time the server process used, user and system, all threads (getrusage).",
+            MetricType::Counter,
+            [(none, ConstCounter::new(process_cpu_seconds()))],
+        )?;
+        family(
+            enc,
+            "data_copied_bytes",
+            "Bytes of written data copied in memory after they were received (gathering, stripe and parity jobs, \
+             joined runs, partial pages and sectors, mirror legs and NBD member pieces from owned copies): copies \
+             per byte written = 1 + this / export_written_bytes.",
+            MetricType::Counter,
+            [(none, counter(raid_core::copy_count::copied_bytes()))],
+        )?;
         Ok(())
     }
+}
+
+/// User and system CPU seconds of this process so far.
+fn process_cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one `rusage` through the pointer, which points to one.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } != 0 {
+        return 0.0;
+    }
+    // SAFETY: zeroed is a valid `rusage` (plain integers), and getrusage filled it.
+    let usage = unsafe { usage.assume_init() };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }

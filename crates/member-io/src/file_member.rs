@@ -104,6 +104,7 @@ impl<O: FileOps> FileMember<O> {
     async fn write_slice(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
         let align = self.file.align_bytes();
         if !O::SYNCHRONOUS || !(data.as_ptr() as usize).is_multiple_of(align) {
+            raid_core::copy_count::copied(data.len());
             return self.write(offset_bytes, AlignedBuf::from_slice(data), fua).await.0;
         }
         self.check_io(offset_bytes, data.len() as u64).and_then(|()| self.check_writable())?;

@@ -29,6 +29,7 @@ pub mod bad_ranges;
 pub mod buf;
 #[cfg(feature = "testing")]
 pub mod conformance;
+pub mod copy_count;
 pub mod decorator;
 pub mod engine;
 pub mod error;

@@ -74,6 +74,7 @@ pub trait Member: Send + Sync {
     /// that writes synchronously (memory, files in memory) overrides it to skip that copy.
     fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
         let buf = AlignedBuf::from_slice(data);
+        crate::copy_count::copied(data.len());
         Box::pin(async move { self.write_at(offset_bytes, buf, fua).await.0 })
     }
 

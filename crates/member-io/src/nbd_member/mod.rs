@@ -612,6 +612,7 @@ impl Member for NbdMember {
             while at < len {
                 let n = (len - at).min(self.piece_bytes);
                 let piece = Bytes::copy_from_slice(&data[at as usize..(at + n) as usize]);
+                raid_core::copy_count::copied(n as usize);
                 self.write_piece(offset_bytes + at, piece, fua).await?;
                 at += n;
             }

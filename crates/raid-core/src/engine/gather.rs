@@ -236,6 +236,7 @@ impl Gather {
             {
                 let mut g = lock(&group.state);
                 debug_assert!(!g.closed);
+                crate::copy_count::copied(data.len());
                 if at_end {
                     g.pieces.push_back(data.to_vec());
                     g.end_sector = end;
@@ -289,6 +290,7 @@ impl Gather {
             return Role::Alone;
         }
         let (full_tx, full_rx) = oneshot::channel();
+        crate::copy_count::copied(data.len());
         let group = Arc::new(Group {
             state: Mutex::new(GroupState {
                 start_sector: start,
@@ -349,6 +351,7 @@ impl Leader<'_> {
             pieces.pop_front().expect("one piece")
         } else {
             let mut data = Vec::with_capacity(g.bytes);
+            crate::copy_count::copied(g.bytes);
             for piece in pieces {
                 data.extend_from_slice(&piece);
             }

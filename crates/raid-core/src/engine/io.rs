@@ -146,6 +146,7 @@ impl<M: Member + ?Sized> Array<M> {
         debug_assert_eq!(data.len() as u64 % SECTOR_BYTES, 0);
         let slot = &self.members.slots()[role];
         if slot.replacement().is_some() {
+            crate::copy_count::copied(data.len());
             return self.write_member(role, member_sector, AlignedBuf::from_slice(data), fua).await;
         }
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;

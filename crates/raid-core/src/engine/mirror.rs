@@ -254,6 +254,7 @@ impl<M: Member + ?Sized> Array<M> {
             }
             // The run's pieces tile it (coalesce), so every byte is copied over.
             let mut buf = AlignedBuf::for_overwrite((run.sectors * SECTOR_BYTES) as usize);
+            crate::copy_count::copied(buf.len());
             for (p, at) in &run.pieces {
                 let len = (p.sectors * SECTOR_BYTES) as usize;
                 buf.as_mut_slice()[*at..at + len].copy_from_slice(&data[p.req_offset_bytes..p.req_offset_bytes + len]);

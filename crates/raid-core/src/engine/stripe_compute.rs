@@ -30,6 +30,7 @@ pub(super) fn compute_job(
         WriteSource::Data(data) => {
             let bw = write.blocks[k].expect("written block");
             let at = bw.req_offset_bytes + ((job.rows.0 - bw.rows.0) as u64 * SECTOR_BYTES) as usize;
+            crate::copy_count::copied(len);
             AlignedBuf::from_slice(&data[at..at + len])
         }
         WriteSource::Zeros => AlignedBuf::zeroed(len),
@@ -153,6 +154,7 @@ pub(super) fn concat_runs(mut writes: Vec<MemberWrite>) -> Vec<MemberWrite> {
                 return MemberWrite { role: run.role, member_sector: run.member_sector, buf };
             }
             let mut joined = AlignedBuf::for_overwrite(run.len_bytes);
+            crate::copy_count::copied(run.len_bytes);
             let mut at = 0;
             for b in &run.bufs {
                 joined.as_mut_slice()[at..at + b.len()].copy_from_slice(b.as_slice());

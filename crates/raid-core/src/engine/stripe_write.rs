@@ -147,7 +147,10 @@ impl<M: Member + ?Sized> Array<M> {
         let off = ((start - first) * SECTOR_BYTES) as usize;
         let len = (sectors * SECTOR_BYTES) as usize;
         match src {
-            WriteSource::Data(data) => buf.as_mut_slice()[off..off + len].copy_from_slice(data),
+            WriteSource::Data(data) => {
+                crate::copy_count::copied(len);
+                buf.as_mut_slice()[off..off + len].copy_from_slice(data)
+            }
             WriteSource::Zeros => buf.as_mut_slice()[off..off + len].fill(0),
         }
         Ok(Some((first, buf)))

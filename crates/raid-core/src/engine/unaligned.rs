@@ -92,6 +92,7 @@ impl<M: Member + ?Sized> Array<M> {
         };
         let mut buf = AlignedBuf::from_slice(&old.to_vec());
         buf.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
+        crate::copy_count::copied(bytes.len());
         match DataPath::of(layout) {
             DataPath::Striped => self.write_striped_locked(layout, sector, buf.as_slice(), fua).await,
             DataPath::Mirrored => self.write_mirrored_locked(layout, sector, buf.as_slice(), fua).await,

@@ -78,6 +78,7 @@ pub(crate) struct Chunk {
 impl Chunk {
     pub fn new(data: &[u8], charge: Charge) -> Self {
         debug_assert!(charge.bytes >= data.len() as u64);
+        crate::copy_count::copied(data.len());
         Self { bytes: data.into(), _charge: charge }
     }
 

@@ -305,6 +305,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
             for (offset, piece) in &run.pieces {
                 let at = (offset - run.start) as usize;
                 stripe[at..at + piece.len_bytes as usize].copy_from_slice(piece.bytes());
+                crate::copy_count::copied(piece.len_bytes as usize);
             }
             return self.array.write(run.start, &stripe, false).await;
         }
@@ -313,6 +314,7 @@ impl<M: Member + ?Sized> WriteCache<M> {
             pieces => {
                 let mut gathered = Vec::with_capacity(run.len_bytes() as usize);
                 pieces.iter().for_each(|(_, e)| gathered.extend_from_slice(e.bytes()));
+                crate::copy_count::copied(gathered.len());
                 Cow::Owned(gathered)
             }
         };
