@@ -16,7 +16,7 @@ pub struct Preset {
     compare: fn(&[RunRecord]) -> Vec<Comparison>,
 }
 
-pub const PRESETS: [Preset; 4] = [
+pub const PRESETS: [Preset; 7] = [
     Preset {
         name: "cloud-dd-raid0",
         about: "RAID0 of two block volumes (27.2 MB/s each), dd of 1 MiB blocks: 27.2 MB/s one, 52.7 MB/s striped (1.94x)",
@@ -47,16 +47,7 @@ pub const PRESETS: [Preset; 4] = [
             // 300 IOPS of 256 KiB: 75 MiB/s per volume; the instance link carries the same.
             a.io.export_bw = Some(75 << 20);
         },
-        compare: |runs| {
-            let link = "both volumes share one link as fast as one volume (--export-bw), so striping cannot \
-                        widen sequential transfers";
-            vec![
-                ratio_row(runs, "RND4K Q32T1 read", "rnd4k-q32t1-read", "raid0", 2.0, "IOPS add up: 2 x 300"),
-                ratio_row(runs, "RND4K Q32T1 write", "rnd4k-q32t1-write", "raid0", 2.0, "IOPS add up: 2 x 300"),
-                ratio_row(runs, "SEQ1M Q8T1 read", "seq1m-q8t1-read", "raid0", 1.0, link),
-                ratio_row(runs, "SEQ1M Q8T1 write", "seq1m-q8t1-write", "raid0", 1.0, link),
-            ]
-        },
+        compare: |runs| ssd_rows(runs),
     },
     Preset {
         name: "howto-chunks",
@@ -131,6 +122,68 @@ pub const PRESETS: [Preset; 4] = [
                 .collect()
         },
     },
+    Preset {
+        name: "remote-dd-raid0",
+        about: "cloud-dd-raid0 over the network: each volume an nbdkit export reached over NBD (rate filter, \
+                27.2 MB/s), dd of 1 MiB blocks: one such volume vs two striped (published 1.94x)",
+        apply: |a| {
+            set(a, &["single", "0"], 2, 512 << 10, &["dd-write"]);
+            remote(a, Some(27_200_000), None);
+        },
+        compare: |runs| {
+            vec![ratio_row(
+                runs,
+                "two 27.2 MB/s volumes on another host striped, dd bs=1M",
+                "dd-write",
+                "raid0",
+                1.94,
+                "each member behind its own NBD connection (raidnbd's member client); the published run wrote \
+                 files through a filesystem, ours the block device",
+            )]
+        },
+    },
+    Preset {
+        name: "remote-ssd-raid0",
+        about: "cloud-ssd-raid0 over the network: two 300-IOPS volumes, each an nbdkit export (delay filter), \
+                CrystalDiskMark style: RND4K Q32T1 about 2x, SEQ1M about 1x (one link as fast as one volume)",
+        apply: |a| {
+            set(a, &["single", "0"], 2, 512 << 10, &["seq1m-q8t1", "rnd4k-q32t1"]);
+            remote(a, None, Some(300));
+            a.io.export_bw = Some(75 << 20);
+        },
+        compare: |runs| ssd_rows(runs),
+    },
+    Preset {
+        name: "remote-4-volumes",
+        about: "Four cloud-like volumes on other hosts (nbdkit exports, 20 MiB/s and 200 IOPS each) as RAID0, \
+                RAID5 and RAID10 n2 against one: the seed experiment (striping two doubled dd and RND4K Q32) at \
+                four, with md's ceilings for the redundant levels",
+        apply: |a| {
+            set(a, &["single", "0", "5", "10"], 4, 64 << 10, &["seq1m-q8t1", "rnd4k-q32t1"]);
+            remote(a, Some(20 << 20), Some(200));
+        },
+        compare: |runs| {
+            let mut rows = Vec::new();
+            for (workload, measure) in [
+                ("seq1m-q8t1-read", "SEQ1M Q8T1 read"),
+                ("seq1m-q8t1-write", "SEQ1M Q8T1 write"),
+                ("rnd4k-q32t1-read", "RND4K Q32T1 read"),
+                ("rnd4k-q32t1-write", "RND4K Q32T1 write"),
+            ] {
+                let write = workload.ends_with("write");
+                rows.push(ratio_row(runs, measure, workload, "raid0", 4.0, "two doubled: four volumes, four times"));
+                let (raid10, why10) = if write { (2.0, "every byte on two members") } else { (4.0, "any copy") };
+                rows.push(ratio_row(runs, measure, workload, "raid10", raid10, why10));
+                let (raid5, why5) = match (write, workload.starts_with("seq")) {
+                    (true, true) => (3.0, "full stripes: three data members of four"),
+                    (true, false) => (1.0, "4 member I/Os per small write: N/4"),
+                    (false, _) => (4.0, "reads skip parity (sequential reads of 3 of 4 chunks per row: up to 4x)"),
+                };
+                rows.push(ratio_row(runs, measure, workload, "raid5", raid5, why5));
+            }
+            rows
+        },
+    },
 ];
 
 /// The preset named `name`.
@@ -160,6 +213,25 @@ fn set(a: &mut BenchArgs, levels: &[&str], members: usize, chunk: u64, workloads
     a.chunks = vec![chunk];
     a.workloads = workloads.iter().map(|s| s.to_string()).collect();
     a.cache = vec![CacheMode::Writethrough];
+}
+
+/// Members on "other hosts": nbdkit exports with a rate (bytes/s) and an IOPS ceiling.
+fn remote(a: &mut BenchArgs, bytes_per_sec: Option<u64>, iops: Option<u64>) {
+    a.remote_members = true;
+    a.remote_bw = bytes_per_sec;
+    a.remote_iops = iops;
+}
+
+/// The cloud-ssd-raid0 experiment's rows (two 300-IOPS volumes behind one link).
+fn ssd_rows(runs: &[RunRecord]) -> Vec<Comparison> {
+    let link = "both volumes share one link as fast as one volume (--export-bw), so striping cannot widen \
+                sequential transfers";
+    vec![
+        ratio_row(runs, "RND4K Q32T1 read", "rnd4k-q32t1-read", "raid0", 2.0, "IOPS add up: 2 x 300"),
+        ratio_row(runs, "RND4K Q32T1 write", "rnd4k-q32t1-write", "raid0", 2.0, "IOPS add up: 2 x 300"),
+        ratio_row(runs, "SEQ1M Q8T1 read", "seq1m-q8t1-read", "raid0", 1.0, link),
+        ratio_row(runs, "SEQ1M Q8T1 write", "seq1m-q8t1-write", "raid0", 1.0, link),
+    ]
 }
 
 fn fmt(x: Option<f64>) -> String {
