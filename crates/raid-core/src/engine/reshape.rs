@@ -4,8 +4,8 @@
 //! The kinds raidnbd does are md's no-backup reshapes of raid4/5/6 and of raid10 in a near
 //! layout (`doc/md-reshape-raid10.md`: the copies keep their number, a window is read from
 //! one copy and written to every copy): a grow by members, a layout change, a chunk change,
-//! or several at once go *forward*: the data start of every
-//! device moves `headroom` sectors into the free space before the data, and the new layout
+//! or several at once go *forward*: the data start of every device moves `headroom`
+//! sectors into the free space before the data, and the new layout
 //! (wider by the new members, in the new rotation or chunk) is written there from the start
 //! of the array up, ahead of the old one. Removing members goes *backwards* (md's
 //! `reshape_backwards`): the new, narrower layout needs more rows per device, so it is
@@ -13,8 +13,8 @@
 //! no new row is ever written over an old row still in use.
 //!
 //! - Start ([`Array::begin_reshape`] / [`Array::begin_shrink`], from `Admin`): checked
-//!   (raid4/5/6 or near raid10, no log, every role in sync, nothing else running, room before the data, or
-//!   after it); the new devices are recorded and the start is written to every
+//!   (raid4/5/6 or near raid10, no log, every role in sync, nothing else running, room
+//!   before the data, or after it); the new devices are recorded and the start is written to every
 //!   superblock (`StateChange::ReshapeStart`, the front at 0, or at the new end going
 //!   backwards); then, with every request paused, the shape becomes two layouts (going
 //!   forward the devices' data origin moves to the new data start first and the new roles
@@ -405,7 +405,8 @@ impl<M: Member + ?Sized> Array<M> {
         if done {
             return self.finish_reshape(&shape).await.map(Some);
         }
-        let wanted = (max_bytes / SECTOR_BYTES).clamp(unit, MAX_WINDOW_SECTORS) / unit * unit;
+        // At least one unit, even where one unit (a wide stripe of large chunks) is past the cap.
+        let wanted = (max_bytes / SECTOR_BYTES).clamp(unit, MAX_WINDOW_SECTORS.max(unit)) / unit * unit;
         let window = next_window(&previous, &new, reshape.direction, front, end, wanted);
         let next_front = match reshape.direction {
             Direction::Forward => window.end,
