@@ -129,7 +129,8 @@ fn grow_online_through_sigkills(create: &[&str], before: usize, added: usize, da
     require_tool("fio", "fio");
     let dir = tempdir();
     let d = dir.path();
-    let raid0 = create.windows(2).any(|w| w == ["--level", "0"]);
+    let level = |l: &str| create.windows(2).any(|w| w == ["--level", l]);
+    let raid0 = level("0");
     let parity_role = usize::from(raid0);
     let names: Vec<String> = (0..before + added).map(|i| format!("m{i}")).collect();
     let all: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -189,7 +190,7 @@ fn grow_online_through_sigkills(create: &[&str], before: usize, added: usize, da
         assert_eq!(check["mismatch_cnt"], 0, "parity matches the data after the grow");
     }
     mdadm_agrees(d, &all, before + added);
-    if create.contains(&"bitmap") && create.contains(&"10") {
+    if create.contains(&"bitmap") && level("10") {
         // raid10's bitmap covers the array's sectors (md's resync space): the new size at the
         // end. Its header's sync_size (bytes 40..48, sectors; md-bitmap.h) where mdadm says.
         use std::os::unix::fs::FileExt;
@@ -215,23 +216,21 @@ fn a_raid5_grows_online_through_sigkills_under_writes() {
     grow_online_through_sigkills(&create, 3, 1, 2);
 }
 
+#[test]
+fn a_raid4_grows_online_through_sigkills_under_writes() {
+    let create = ["create", "--level", "4", "--chunk", "64K", "--consistency-policy", "resync", "--size", "48M"];
+    grow_online_through_sigkills(&create, 3, 1, 2);
+}
+
+/// `create` options of the grows with a write-intent bitmap (1 MiB of array data per bit).
+const WITH_BITMAP: [&str; 8] =
+    ["--chunk", "64K", "--consistency-policy", "bitmap", "--bitmap-chunk", "1M", "--size", "48M"];
+
 /// md keeps a write-intent bitmap through a reshape; so does raidnbd (the resync after each
 /// kill covers the bitmap's dirty rows once the reshape ends).
 #[test]
 fn a_raid6_with_a_bitmap_grows_online_through_sigkills_under_writes() {
-    let create = [
-        "create",
-        "--level",
-        "6",
-        "--chunk",
-        "64K",
-        "--consistency-policy",
-        "bitmap",
-        "--bitmap-chunk",
-        "1M",
-        "--size",
-        "48M",
-    ];
+    let create = [&["create", "--level", "6"][..], &WITH_BITMAP].concat();
     grow_online_through_sigkills(&create, 4, 1, 2);
 }
 
@@ -239,21 +238,7 @@ fn a_raid6_with_a_bitmap_grows_online_through_sigkills_under_writes() {
 /// write-intent bitmap, which covers the array's sectors and so grows with it at the end.
 #[test]
 fn a_raid10_with_a_bitmap_grows_online_through_sigkills_under_writes() {
-    let create = [
-        "create",
-        "--level",
-        "10",
-        "--layout",
-        "n2",
-        "--chunk",
-        "64K",
-        "--consistency-policy",
-        "bitmap",
-        "--bitmap-chunk",
-        "1M",
-        "--size",
-        "48M",
-    ];
+    let create = [&["create", "--level", "10", "--layout", "n2"][..], &WITH_BITMAP].concat();
     // Four n2 members hold two members' data; five hold two and a half.
     grow_online_through_sigkills(&create, 4, 1, 4);
 }

@@ -115,6 +115,11 @@ fn a_raid0_loses_a_member_online_through_sigkills_under_writes() {
     shrink_online_through_sigkills("0", "40M");
 }
 
+#[test]
+fn a_raid4_loses_a_member_online_through_sigkills_under_writes() {
+    shrink_online_through_sigkills("4", "40M");
+}
+
 /// md's raid10 reshape backwards: a raid10 n2 of five loses a member.
 #[test]
 fn a_raid10_loses_a_member_online_through_sigkills_under_writes() {
