@@ -281,3 +281,44 @@ shrink_refusal() { # PART N
   raidnbd_status_json | contains '"reshape": null' || fail "$1: the refusal started a reshape"
   expect_eq "$(json_number size_bytes /tmp/raidnbd-status.json)" "$SHRINK_OLD" "$1: size after the refusal"
 }
+
+# md's resync/reshape speed for every array: slow, so a stop lands inside a reshape, or fast.
+slow_md() { echo 1000 > /proc/sys/dev/raid/speed_limit_min; echo 1000 > /proc/sys/dev/raid/speed_limit_max; }
+fast_md() { echo 1000 > /proc/sys/dev/raid/speed_limit_min; echo 200000 > /proc/sys/dev/raid/speed_limit_max; }
+
+# The kernel removes members of MDDEV (already --array-size'd) down to N, and is stopped inside
+# that backwards reshape. `mdadm --grow --raid-devices=N` first; where mdadm starts nothing
+# (4.2 refuses a raid5 shrink without a backup file), the kernel is driven by sysfs the way
+# mdadm's no-backup path would: direction first, new_offset = offset + 1 MiB, raid_disks, reshape.
+# Leaves md slow (slow_md) until the caller says otherwise.
+md_shrink_stopped_inside() { # PART MDDEV N
+  k_md=/sys/block/${2#/dev/}/md
+  slow_md
+  echo "+ [$(rig_now)] mdadm --grow $2 --raid-devices=$3 (no backup file)"
+  mdadm --grow "$2" --raid-devices="$3" < /dev/null > /tmp/shrink-grow.txt 2>&1 && rc=0 || rc=$?
+  cat /tmp/shrink-grow.txt
+  echo "mdadm --grow --raid-devices=$3 exited with rc=$rc"
+  if [ "$(cat $k_md/reshape_position)" = none ]; then
+    echo "-- mdadm started no reshape; sysfs: raid_disks=$(cat $k_md/raid_disks) sync_action=$(cat $k_md/sync_action) reshape_direction=$(cat $k_md/reshape_direction)"
+    for d in $k_md/dev-*; do echo "   $d: offset=$(cat $d/offset) new_offset=$(cat $d/new_offset) size=$(cat $d/size)"; done
+    echo frozen > $k_md/sync_action
+    run sh -c "echo backwards > $k_md/reshape_direction"
+    for d in $k_md/dev-*; do
+      run sh -c "echo $(( $(cat $d/offset) + 2048 )) > $d/new_offset"
+    done
+    run sh -c "echo $3 > $k_md/raid_disks"
+    run sh -c "echo reshape > $k_md/sync_action"
+  fi
+  cat /proc/mdstat
+  k_start=$(cat $k_md/reshape_position)
+  echo "reshape_position at the start: $k_start"
+  [ "$k_start" != none ] || fail "$1: the kernel runs no reshape"
+  k_n=0
+  until [ "$(cat $k_md/reshape_position)" != none ] && [ "$(cat $k_md/reshape_position)" -lt "$k_start" ]; do
+    k_n=$((k_n + 1)); [ "$k_n" -le 300 ] || fail "$1: md's reshape does not move"
+    sleep 0.2
+  done
+  cat /proc/mdstat
+  echo "$1: reshape_position $(cat $k_md/reshape_position)"
+  run mdadm --stop "$2"
+}

@@ -61,8 +61,6 @@ md_wait_settled() { # MDDEV
   done
   echo "ok: [$(rig_now)] $1 settled"
 }
-slow_md() { echo 1000 > /proc/sys/dev/raid/speed_limit_min; echo 1000 > /proc/sys/dev/raid/speed_limit_max; }
-fast_md() { echo 1000 > /proc/sys/dev/raid/speed_limit_min; echo 200000 > /proc/sys/dev/raid/speed_limit_max; }
 examine_field() { # DEV FIELD: the value of "FIELD : value" in mdadm --examine
   mdadm --examine "$1" | sed -n "s/^ *$2 : //p" | head -n 1
 }
@@ -303,38 +301,7 @@ expect_eq "$(size_bytes /dev/md3)" "$D_NEW" "D: md3 size after --array-size"
 D_SUM=$(dev_digest /dev/md3)
 
 step "D: mdadm --grow --raid-devices=4 (a backwards reshape), stopped inside"
-MD=/sys/block/md3/md
-slow_md
-echo 1000 > $MD/sync_speed_max
-echo 1000 > $MD/sync_speed_min
-echo "+ [$(rig_now)] mdadm --grow /dev/md3 --raid-devices=4"
-mdadm --grow /dev/md3 --raid-devices=4 < /dev/null > /tmp/d-grow.txt 2>&1 && rc=0 || rc=$?
-cat /tmp/d-grow.txt
-echo "mdadm --grow --raid-devices=4 exited with rc=$rc"
-if [ "$(cat $MD/reshape_position)" = none ]; then
-  # Should mdadm not start it, drive the kernel as mdadm's raid10 path does (direction first).
-  echo "-- mdadm started no reshape; driving the kernel by sysfs"
-  for d in $MD/dev-*; do echo "   $d: offset=$(cat $d/offset) new_offset=$(cat $d/new_offset) size=$(cat $d/size)"; done
-  echo frozen > $MD/sync_action
-  run sh -c "echo backwards > $MD/reshape_direction"
-  for d in $MD/dev-*; do
-    run sh -c "echo $(( $(cat $d/offset) + 2048 )) > $d/new_offset"
-  done
-  run sh -c "echo 4 > $MD/raid_disks"
-  run sh -c "echo reshape > $MD/sync_action"
-fi
-cat /proc/mdstat
-D_START=$(cat $MD/reshape_position)
-echo "reshape_position at the start: $D_START"
-[ "$D_START" != none ] || fail "D: the kernel runs no reshape"
-n=0
-until [ "$(cat $MD/reshape_position)" != none ] && [ "$(cat $MD/reshape_position)" -lt "$D_START" ]; do
-  n=$((n + 1)); [ "$n" -le 300 ] || fail "D: md's reshape does not move"
-  sleep 0.2
-done
-cat /proc/mdstat
-echo "D: reshape_position $(cat $MD/reshape_position)"
-run mdadm --stop /dev/md3
+md_shrink_stopped_inside D /dev/md3 4
 fast_md
 mdadm --examine /dev/vdp | tee /tmp/d-examine.txt | head -n 45
 contains "Reshape pos'n" < /tmp/d-examine.txt || fail "D: the stopped array records no reshape"
@@ -365,6 +332,7 @@ raidnbd_stop
 run raidnbd check $D
 
 step "D: mdadm assembles what raidnbd finished"
+MD=/sys/block/md3/md
 run mdadm --assemble /dev/md3 --run $D
 cat /proc/mdstat
 mdadm --detail /dev/md3 | tee /tmp/d-detail.txt

@@ -108,39 +108,8 @@ expect_eq "$(size_bytes /dev/md1)" "$B_NEW" "B: md1 size after --array-size"
 B_SUM=$(dev_digest /dev/md1)
 
 step "B: the kernel starts a backwards shrink to 3 members, stopped inside it"
-echo 1000 > /proc/sys/dev/raid/speed_limit_max
-echo 1000 > /proc/sys/dev/raid/speed_limit_min
-MD=/sys/block/md1/md
-echo "+ [$(rig_now)] mdadm --grow /dev/md1 --raid-devices=3 (no backup file)"
-mdadm --grow /dev/md1 --raid-devices=3 < /dev/null > /tmp/b-grow.txt 2>&1 && rc=0 || rc=$?
-cat /tmp/b-grow.txt
-echo "mdadm --grow --raid-devices=3 exited with rc=$rc"
-if [ "$(cat $MD/reshape_position)" = none ]; then
-  # mdadm 4.2 does not start a shrink without a backup file (md-reshape.md section 4.1): drive
-  # the kernel the way mdadm's no-backup path would, with the direction set first.
-  echo "-- mdadm started no reshape; sysfs: raid_disks=$(cat $MD/raid_disks) sync_action=$(cat $MD/sync_action) reshape_direction=$(cat $MD/reshape_direction)"
-  for d in $MD/dev-*; do echo "   $d: offset=$(cat $d/offset) new_offset=$(cat $d/new_offset) size=$(cat $d/size)"; done
-  echo frozen > $MD/sync_action
-  run sh -c "echo backwards > $MD/reshape_direction"
-  for d in $MD/dev-*; do
-    run sh -c "echo $(( $(cat $d/offset) + 2048 )) > $d/new_offset"
-  done
-  run sh -c "echo 3 > $MD/raid_disks"
-  run sh -c "echo reshape > $MD/sync_action"
-fi
-cat /proc/mdstat
-B_START=$(cat $MD/reshape_position)
-echo "reshape_position at the start: $B_START"
-[ "$B_START" != none ] || fail "B: the kernel runs no reshape"
-n=0
-until [ "$(cat $MD/reshape_position)" != none ] && [ "$(cat $MD/reshape_position)" -lt "$B_START" ]; do
-  n=$((n + 1)); [ "$n" -le 300 ] || fail "B: md's reshape does not move"
-  sleep 0.2
-done
-cat /proc/mdstat
-echo "reshape_position: $(cat $MD/reshape_position)"
-run mdadm --stop /dev/md1
-echo 100000 > /proc/sys/dev/raid/speed_limit_max
+md_shrink_stopped_inside B /dev/md1 3
+fast_md
 mdadm --examine /dev/vde | tee /tmp/b-examine.txt | head -n 45
 contains "Reshape pos'n" < /tmp/b-examine.txt || fail "B: the stopped array records no reshape"
 contains "New Offset" < /tmp/b-examine.txt || fail "B: the kernel's shrink did not move the data offset"
