@@ -4,7 +4,8 @@
 #    /dev/nbd0; `raidnbd ctl grow --add /dev/vdd` slowed to 1 MB/s; SIGKILL once the reshape is
 #    under way; mdadm --assemble continues it in the kernel (mdstat says reshape) to the end:
 #    4 raid devices, the larger size, e2fsck -fn clean, the files right, md's check 0 mismatches.
-# B: mdadm creates a RAID5 of 3 (vde..vdg, 4 MiB data offset: room to move it), ext4 with files;
+# B: raidnbd creates a RAID5 of 3 (vde..vdg; its headroom is room to move the data start), md
+#    assembles it, ext4 with files;
 #    mdadm --grow --raid-devices=4 --add /dev/vdh (no backup file) slowed by speed_limit_max;
 #    mdadm --stop once reshape_position moved; raidnbd serve continues it to the end (ctl status
 #    says reshape, then idle), /dev/nbd0 has the larger size, e2fsck clean, the files right,
@@ -68,9 +69,10 @@ run umount $M
 md_check_clean /dev/md0 "A: md's check after the grow"
 run mdadm --stop /dev/md0
 
-step "B: mdadm creates a RAID5 of 3 with room before the data, ext4 and files"
+step "B: raidnbd creates a RAID5 of 3, md assembles it, ext4 and files"
 B="/dev/vde /dev/vdf /dev/vdg"
-run sh -c "mdadm --create /dev/md1 --metadata=1.2 --run --assume-clean --homehost=rig --name=grow --level=5 --chunk=64 --data-offset=4M --raid-devices=3 $B" < /dev/null
+run raidnbd create --level 5 --chunk 64K --consistency-policy resync $B
+run mdadm --assemble /dev/md1 --run $B
 mkfs_ext4 /dev/md1
 run mount -t ext4 /dev/md1 $M
 fill_tree $M 12 1024 /tmp/b.md5
