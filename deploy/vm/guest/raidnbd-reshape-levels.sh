@@ -5,7 +5,7 @@
 #    slowed by speed_limit_max, `mdadm --stop` inside (mdadm's waiting child stopped first);
 #    raidnbd serve finishes it ("being reshaped"): ctl status raid0 of 3, nbd0 3/2 the size, old
 #    bytes unchanged, fsck clean, files right; mdadm assembles it: raid0 of 3, same digest, fsck.
-# E: mdadm creates a RAID5 of 4 (vdg..vdj, 4 MiB data offset), ext4 with files; `mdadm --grow
+# E: raidnbd creates a RAID5 of 4 (vdg..vdj), md assembles it, ext4 with files; `mdadm --grow
 #    --level=6 --raid-devices=5 --add /dev/vdk` (takeover to left-symmetric-6, then a layout
 #    reshape moving the data offset, Q rebuilt onto vdk as it goes), stopped inside; raidnbd serve
 #    continues it to the end: raid6 left-symmetric, same digest, fsck, files, raidnbd check 0;
@@ -112,9 +112,10 @@ expect_eq "$(dev_digest /dev/md1)" "$D_SUM3" "D: md1 vs nbd0 digest"
 fsck_clean /dev/md1
 run mdadm --stop /dev/md1
 
-step "E: mdadm creates a RAID5 of 4 with room before the data, ext4 and files"
+step "E: raidnbd creates a RAID5 of 4, md assembles it, ext4 and files"
 E="/dev/vdg /dev/vdh /dev/vdi /dev/vdj"
-run sh -c "mdadm --create /dev/md2 --metadata=1.2 --run --assume-clean --homehost=rig --name=six --level=5 --chunk=64 --data-offset=4M --raid-devices=4 $E" < /dev/null
+run raidnbd create --level 5 --chunk 64K --consistency-policy resync $E
+run mdadm --assemble /dev/md2 --run $E
 mkfs_ext4 /dev/md2
 run mount -t ext4 /dev/md2 $M
 fill_tree $M 24 1024 /tmp/e.md5
