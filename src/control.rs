@@ -249,11 +249,7 @@ async fn execute(control: &Control, request: &Value) -> Result<Value> {
         "rebuild-speed" => {
             let min = request["min"].as_u64().ok_or_else(|| anyhow!("missing \"min\""))?;
             let max = request["max"].as_u64().ok_or_else(|| anyhow!("missing \"max\""))?;
-            if min == 0 || min > max {
-                bail!("need 0 < min <= max");
-            }
-            export.worker.limits.min_bytes_per_sec.store(min, Ordering::Relaxed);
-            export.worker.limits.max_bytes_per_sec.store(max, Ordering::Relaxed);
+            export.worker.limits.set(min, max)?;
         }
         "fault" => {
             let faults = export

@@ -31,6 +31,33 @@ pub struct SpeedLimits {
     pub max_bytes_per_sec: AtomicU64,
 }
 
+impl SpeedLimits {
+    /// Limits of `min` and `max` bytes/s; refused unless 0 < min <= max.
+    pub fn new(min: u64, max: u64) -> anyhow::Result<Self> {
+        let limits = Self { min_bytes_per_sec: AtomicU64::new(0), max_bytes_per_sec: AtomicU64::new(0) };
+        limits.set(min, max)?;
+        Ok(limits)
+    }
+
+    /// Changes both limits; refused unless 0 < min <= max.
+    pub fn set(&self, min: u64, max: u64) -> anyhow::Result<()> {
+        if min == 0 || min > max {
+            anyhow::bail!("need 0 < min ({min}) <= max ({max})");
+        }
+        self.min_bytes_per_sec.store(min, Ordering::Relaxed);
+        self.max_bytes_per_sec.store(max, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Clone for SpeedLimits {
+    /// Limits of their own, at these limits' values now.
+    fn clone(&self) -> Self {
+        let load = |v: &AtomicU64| AtomicU64::new(v.load(Ordering::Relaxed));
+        Self { min_bytes_per_sec: load(&self.min_bytes_per_sec), max_bytes_per_sec: load(&self.max_bytes_per_sec) }
+    }
+}
+
 /// Progress of the running job, for `ctl status`.
 #[derive(Default)]
 pub struct Progress {
@@ -44,16 +71,14 @@ pub struct Worker {
     pub wake: Arc<Notify>,
 }
 
-/// Starts the worker task for `array` (runs until the process exits), at speed limits
-/// `(min, max)` in bytes/s.
+/// Starts the worker task for `array` (runs until the process exits), at `limits`.
 pub fn spawn(
     array: Arc<Array<dyn Member>>,
     name: String,
     scrub_interval: Option<Duration>,
-    (min, max): (u64, u64),
+    limits: SpeedLimits,
 ) -> Worker {
-    let limits =
-        Arc::new(SpeedLimits { min_bytes_per_sec: AtomicU64::new(min), max_bytes_per_sec: AtomicU64::new(max) });
+    let limits = Arc::new(limits);
     let progress = Arc::new(Progress::default());
     let wake = Arc::new(Notify::new());
     let notify = wake.clone();

@@ -73,8 +73,8 @@ struct Settings {
     write_gather: Duration,
     /// A background check this often.
     scrub_interval: Option<Duration>,
-    /// Background work's speed limits at the start, bytes/s (min, max).
-    speed_limits: (u64, u64),
+    /// Background work's speed limits at the start.
+    speed_limits: maintenance::SpeedLimits,
     server: ServerConfig,
     tls: Option<nbd_server::Tls>,
     exports: Vec<ExportPlan>,
@@ -160,10 +160,7 @@ fn settings(args: &ServeArgs) -> Result<Settings> {
             let (min, max) = file.speed_limits()?;
             let min = args.speed_limit_min.or(min).unwrap_or(maintenance::DEFAULT_MIN_SPEED);
             let max = args.speed_limit_max.or(max).unwrap_or(maintenance::DEFAULT_MAX_SPEED);
-            if min == 0 || min > max {
-                bail!("speed limits: need 0 < min ({min}) <= max ({max})");
-            }
-            (min, max)
+            maintenance::SpeedLimits::new(min, max).map_err(|e| anyhow!("speed limits: {e}"))?
         },
         server: {
             let defaults = ServerConfig::default();
@@ -312,8 +309,12 @@ async fn start(settings: Settings) -> Result<Started> {
         exports.push(
             Export::new(plan.name.clone(), device).require_tls(plan.tls_required).tls_peers(plan.tls_peers.clone()),
         );
-        let worker =
-            maintenance::spawn(opened.array.clone(), plan.name.clone(), settings.scrub_interval, settings.speed_limits);
+        let worker = maintenance::spawn(
+            opened.array.clone(),
+            plan.name.clone(),
+            settings.scrub_interval,
+            settings.speed_limits.clone(),
+        );
         crate::rejoin::spawn(opened.array.clone(), plan.options.clone(), opened.returnable(), worker.wake.clone());
         watched.push(Watched { export: plan.name.clone(), array: opened.array.clone() });
         controlled.push(ControlledExport {

@@ -233,15 +233,17 @@ impl Gather {
         };
         if let Some(group) = group {
             let (tx, rx) = oneshot::channel();
+            // The copy is made before the group's lock is taken.
+            let piece = data.to_vec();
+            crate::copy_count::copied(piece.len());
             {
                 let mut g = lock(&group.state);
                 debug_assert!(!g.closed);
-                crate::copy_count::copied(data.len());
                 if at_end {
-                    g.pieces.push_back(data.to_vec());
+                    g.pieces.push_back(piece);
                     g.end_sector = end;
                 } else {
-                    g.pieces.push_front(data.to_vec());
+                    g.pieces.push_front(piece);
                     g.start_sector = start;
                 }
                 g.bytes += data.len();

@@ -254,7 +254,7 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Reads one part of a request, in its layout.
-    async fn read_part(&self, part: &Part) -> Result<ReadData> {
+    pub(super) async fn read_part(&self, part: &Part) -> Result<ReadData> {
         let len_bytes = (part.sectors * SECTOR_BYTES) as usize;
         match DataPath::of(&part.layout) {
             DataPath::Striped => self.read_striped(&part.layout, part.start, len_bytes).await,

@@ -48,10 +48,9 @@ use std::sync::Arc;
 use super::maintenance::{MaintenanceWork, Step};
 use super::reshape_window::{least_headroom, next_window, reshape_end, unit_sectors};
 use super::resize::SizeTarget;
-use super::shape::{Direction, Layout, Reshape, Shape};
+use super::shape::{Direction, Layout, Part, Reshape, Shape};
 use super::slot::{Device, SlotState};
-use super::stripe_write::WriteSource;
-use super::{Array, DataPath, META_LOCK_KEY, StateChange};
+use super::{Array, META_LOCK_KEY, StateChange};
 use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
@@ -442,8 +441,8 @@ impl<M: Member + ?Sized> Array<M> {
     /// into `new`, makes them durable, and records the front at `next_front`.
     async fn move_window(
         &self,
-        previous: &Layout,
-        new: &Layout,
+        previous: &Arc<Layout>,
+        new: &Arc<Layout>,
         start: u64,
         sectors: u64,
         next_front: u64,
@@ -451,24 +450,16 @@ impl<M: Member + ?Sized> Array<M> {
         let mut data = AlignedBuf::zeroed((sectors * SECTOR_BYTES) as usize);
         let old_end = previous.geometry().array_sectors();
         if start < old_end {
-            let len = ((old_end.min(start + sectors) - start) * SECTOR_BYTES) as usize;
-            let old = match DataPath::of(previous) {
-                DataPath::Striped => self.read_striped(previous, start, len).await?,
-                DataPath::Mirrored => self.read_mirrored(previous, start, len).await?,
-            };
+            let old_part = Part { layout: previous.clone(), start, sectors: old_end.min(start + sectors) - start };
+            let old = self.read_part(&old_part).await?;
             let mut at = 0;
             for slice in old.slices() {
                 data.as_mut_slice()[at..at + slice.len()].copy_from_slice(slice);
                 at += slice.len();
             }
         }
-        match DataPath::of(new) {
-            DataPath::Striped => {
-                self.write_striped(new, start, sectors, WriteSource::Data(data.as_slice()), false).await?
-            }
-            // Every copy of the new layout, from the one copy read.
-            DataPath::Mirrored => self.write_mirrored(new, start, data.as_slice(), false).await?,
-        }
+        // Full stripes (parity from the data alone), or every copy from the one copy read.
+        self.write_part(&Part { layout: new.clone(), start, sectors }, data.as_slice(), false).await?;
         self.flush().await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.try_persist_locked(StateChange::ReshapeProgress { position_sectors: next_front }).await
@@ -585,7 +576,7 @@ impl<M: Member + ?Sized> Array<M> {
 /// never far ones; mdadm's `--grow` does offset layouts too).
 fn check_near(geometry: &Geometry) -> Result<()> {
     match geometry.raid10().map(|g| g.layout()) {
-        Some(l) if l.far_copies == 1 && !l.offset => Ok(()),
+        Some(l) if l.is_near() => Ok(()),
         Some(l) if l.far_copies > 1 && !l.offset => {
             Err(refused(format!("{} (far copies) cannot be reshaped, by md either: copy it to a new array", l.name())))
         }

@@ -114,7 +114,7 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Writes one part of a request, in its layout.
-    async fn write_part(&self, part: &Part, data: &[u8], fua: bool) -> Result<()> {
+    pub(super) async fn write_part(&self, part: &Part, data: &[u8], fua: bool) -> Result<()> {
         match DataPath::of(&part.layout) {
             DataPath::Striped => {
                 self.write_striped(&part.layout, part.start, part.sectors, WriteSource::Data(data), fua).await

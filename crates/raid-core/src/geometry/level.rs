@@ -272,6 +272,11 @@ impl Raid10Layout {
         Some(Raid10Layout { near_copies, far_copies, offset: layout & (1 << 16) != 0 })
     }
 
+    /// Only near copies (`n2`, `n3`, ...): the layouts raidnbd reshapes.
+    pub fn is_near(self) -> bool {
+        self.far_copies == 1 && !self.offset
+    }
+
     /// Total copies of each chunk.
     pub fn copies(self) -> u32 {
         self.near_copies * self.far_copies

@@ -129,7 +129,7 @@ impl ArrayMetadata {
              one), then serve the array here",
             self.short_name()
         );
-        let near = |layout: u32| Raid10Layout::from_md(layout).is_some_and(|l| l.far_copies == 1 && !l.offset);
+        let near = |layout: u32| Raid10Layout::from_md(layout).is_some_and(Raid10Layout::is_near);
         match self.level {
             Level::Raid4 | Level::Raid5 | Level::Raid6 => {}
             Level::Raid10 if near(self.layout) && near(self.new_layout) => {}

@@ -305,8 +305,8 @@ impl<M: Member + ?Sized> WriteCache<M> {
             for (offset, piece) in &run.pieces {
                 let at = (offset - run.start) as usize;
                 stripe[at..at + piece.len_bytes as usize].copy_from_slice(piece.bytes());
-                crate::copy_count::copied(piece.len_bytes as usize);
             }
+            crate::copy_count::copied(run.pieces.iter().map(|(_, piece)| piece.len_bytes as usize).sum());
             return self.array.write(run.start, &stripe, false).await;
         }
         let data: Cow<'_, [u8]> = match run.pieces.as_slice() {
