@@ -133,7 +133,7 @@ impl BlockDevice for ArrayDevice {
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
         Box::pin(async move {
             let written = if is_aligned(offset, data.len() as u64) {
-                self.volume.write(offset, &data, fua).await
+                self.volume.write_shared(offset, data, fua).await
             } else {
                 self.volume.write_bytes(offset, &data, fua).await
             };

@@ -31,6 +31,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::{Buf, Bytes};
 use raid_core::member::{BufResult, IoFuture, check_range};
 use raid_core::{AlignedBuf, Member};
 
@@ -116,6 +117,30 @@ impl<O: FileOps> FileMember<O> {
             done = self.advance(io::ErrorKind::WriteZero, offset_bytes, done..end, data.len(), n)?;
         }
         drop(file);
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// `write` of shared pieces, one after another, straight from them (`pwritev`, io_uring
+    /// `Writev`); the op keeps them alive. With O_DIRECT, pieces whose address or length
+    /// misses the file's alignment are joined into one aligned buffer first (a copy).
+    async fn write_shared(&self, offset_bytes: u64, mut pieces: Vec<Bytes>, fua: bool) -> io::Result<()> {
+        let align = self.file.align_bytes();
+        let misaligned = |p: &Bytes| !(p.as_ptr() as usize).is_multiple_of(align) || !p.len().is_multiple_of(align);
+        if self.file.is_direct() && pieces.iter().any(misaligned) {
+            return self.write(offset_bytes, raid_core::member::join_pieces(&pieces), fua).await.0;
+        }
+        let len: usize = pieces.iter().map(Bytes::len).sum();
+        self.check_io(offset_bytes, len as u64).and_then(|()| self.check_writable())?;
+        let mut done = 0;
+        while done < len {
+            let file = FileRef::new(&self.file);
+            let n = self.ops.write_pieces(file, offset_bytes + done as u64, pieces.clone()).await?;
+            done = self.advance(io::ErrorKind::WriteZero, offset_bytes, done..len, len, n)?;
+            skip_front(&mut pieces, n);
+        }
         if fua {
             self.flush().await?;
         }
@@ -290,6 +315,9 @@ macro_rules! file_member_type {
             fn alignment(&self) -> usize {
                 self.inner.file.align_bytes()
             }
+            fn memory_alignment(&self) -> usize {
+                if self.inner.file.is_direct() { self.inner.file.align_bytes() } else { 1 }
+            }
             fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
                 Box::pin(self.inner.read(offset_bytes, buf))
             }
@@ -303,6 +331,14 @@ macro_rules! file_member_type {
                 fua: bool,
             ) -> IoFuture<'a, io::Result<()>> {
                 Box::pin(self.inner.write_slice(offset_bytes, data, fua))
+            }
+            fn write_shared_at(
+                &self,
+                offset_bytes: u64,
+                pieces: Vec<Bytes>,
+                fua: bool,
+            ) -> IoFuture<'_, io::Result<()>> {
+                Box::pin(self.inner.write_shared(offset_bytes, pieces, fua))
             }
             fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<std::fs::File>> {
                 memory_file_holding(&self.inner.file, offset_bytes, len_bytes)
@@ -426,3 +462,19 @@ impl InlineMember {
 }
 
 file_member_type!(InlineMember);
+
+/// Drops the first `n` bytes of `pieces` (written by a short gathering write).
+fn skip_front(pieces: &mut Vec<Bytes>, mut n: usize) {
+    let whole = pieces.iter().take_while(|p| {
+        let all = p.len() <= n;
+        if all {
+            n -= p.len();
+        }
+        all
+    });
+    let whole = whole.count();
+    pieces.drain(..whole);
+    if let Some(first) = pieces.first_mut() {
+        first.advance(n);
+    }
+}

@@ -19,6 +19,7 @@ use std::future::Future;
 use std::io;
 use std::ops::Range;
 
+use bytes::Bytes;
 use raid_core::AlignedBuf;
 
 use crate::member_file::FileRef;
@@ -48,6 +49,15 @@ pub(crate) trait FileOps: Send + Sync + 'static {
         buf: AlignedBuf,
         range: Range<usize>,
     ) -> impl Future<Output = TransferResult> + Send;
+
+    /// Writes the shared `pieces` one after another at `offset_bytes` (a gathering write);
+    /// may write fewer bytes. The op holds the pieces until the syscall or CQE is done.
+    fn write_pieces(
+        &self,
+        file: FileRef,
+        offset_bytes: u64,
+        pieces: Vec<Bytes>,
+    ) -> impl Future<Output = io::Result<usize>> + Send;
 
     fn fdatasync(&self, file: FileRef) -> impl Future<Output = io::Result<()>> + Send;
 

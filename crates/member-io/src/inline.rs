@@ -13,6 +13,7 @@
 use std::io;
 use std::ops::Range;
 
+use bytes::Bytes;
 use raid_core::AlignedBuf;
 
 use crate::file_ops::{FileOps, TransferResult};
@@ -30,6 +31,10 @@ impl FileOps for InlineOps {
 
     async fn write(&self, file: FileRef, offset_bytes: u64, buf: AlignedBuf, range: Range<usize>) -> TransferResult {
         sync_ops::write(&file, offset_bytes, buf, range)
+    }
+
+    async fn write_pieces(&self, file: FileRef, offset_bytes: u64, pieces: Vec<Bytes>) -> io::Result<usize> {
+        sync_ops::write_pieces(&file, offset_bytes, pieces)
     }
 
     async fn fdatasync(&self, file: FileRef) -> io::Result<()> {

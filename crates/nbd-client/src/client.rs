@@ -12,6 +12,7 @@
 //! connection ends (EOF, an I/O error, a protocol violation) every waiting request fails with
 //! the reason, and so does every later one: reconnecting is the caller's business.
 
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,15 +21,16 @@ use nbd_server::protocol::client_codec::encode_request;
 use nbd_server::protocol::consts::{cmd, cmd_flags, tflags};
 use nbd_server::protocol::framing::Framing;
 use nbd_server::protocol::request::RequestHeader;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::address::{Endpoint, ExportAddress};
 use crate::error::{ClientError, Result};
 use crate::handshake::{ExportDetails, greet, negotiate, start_tls};
 use crate::replies::read_replies;
+use crate::sender::{Outgoing, send_requests};
 use crate::shared::{Closed, Shared};
 use crate::waiter::{Answer, Expect, Waiter};
 
@@ -88,7 +90,8 @@ where
 pub struct Client {
     details: ExportDetails,
     shared: Arc<Shared>,
-    writer: Arc<tokio::sync::Mutex<Writer>>,
+    /// To the task that owns the write half (`sender.rs`).
+    outgoing: mpsc::UnboundedSender<Outgoing>,
     budget: Arc<Semaphore>,
     max_in_flight_bytes: usize,
     reader: JoinHandle<()>,
@@ -134,10 +137,12 @@ impl Client {
         let max_in_flight_bytes = config.max_in_flight_bytes.max(details.max_payload_bytes as usize);
         let shared = Arc::new(Shared::new(name));
         let reader = tokio::spawn(read_replies(reader, shared.clone(), details.framing));
+        let (outgoing, queued) = mpsc::unbounded_channel();
+        tokio::spawn(send_requests(writer, queued, shared.clone()));
         Ok(Self {
             details,
             shared,
-            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            outgoing,
             budget: Arc::new(Semaphore::new(max_in_flight_bytes)),
             max_in_flight_bytes,
             reader,
@@ -166,7 +171,7 @@ impl Client {
 
     /// Reads `len` bytes at `offset`.
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
-        match self.request(cmd::READ, 0, offset, len, None).await? {
+        match self.request(cmd::READ, 0, offset, len, Vec::new()).await? {
             Answer::Data(data) => Ok(data),
             other => unreachable!("a READ answers with data, not {other:?}"),
         }
@@ -179,7 +184,7 @@ impl Client {
         if self.details.allocation_context.is_none() {
             return Err(self.invalid("the export has no base:allocation context".into()));
         }
-        match self.request(cmd::BLOCK_STATUS, 0, offset, len, None).await? {
+        match self.request(cmd::BLOCK_STATUS, 0, offset, len, Vec::new()).await? {
             Answer::Status(extents) => Ok(extents),
             other => unreachable!("a BLOCK_STATUS answers with extents, not {other:?}"),
         }
@@ -187,9 +192,16 @@ impl Client {
 
     /// Writes `data` at `offset`; with `fua`, durable when answered.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
-        let len = u32::try_from(data.len()).map_err(|_| self.invalid(format!("a write of {} bytes", data.len())))?;
+        self.write_pieces(offset, vec![data], fua).await
+    }
+
+    /// Writes `pieces` one after another from `offset` as one request, sent straight from
+    /// them (no copy into one buffer); with `fua`, durable when answered.
+    pub async fn write_pieces(&self, offset: u64, pieces: Vec<Bytes>, fua: bool) -> Result<()> {
+        let total: usize = pieces.iter().map(Bytes::len).sum();
+        let len = u32::try_from(total).map_err(|_| self.invalid(format!("a write of {total} bytes")))?;
         let flags = if fua { self.fua_flag()? } else { 0 };
-        self.request(cmd::WRITE, flags, offset, len, Some(data)).await.map(drop)
+        self.request(cmd::WRITE, flags, offset, len, pieces).await.map(drop)
     }
 
     /// Makes every answered write durable.
@@ -197,7 +209,7 @@ impl Client {
         if !self.details.can(tflags::SEND_FLUSH) {
             return Err(self.invalid("the export has no FLUSH".into()));
         }
-        self.request(cmd::FLUSH, 0, 0, 0, None).await.map(drop)
+        self.request(cmd::FLUSH, 0, 0, 0, Vec::new()).await.map(drop)
     }
 
     /// Discards a range (a hint: it may read back as before or as zeros).
@@ -206,7 +218,7 @@ impl Client {
             return Err(self.invalid("the export has no TRIM".into()));
         }
         let flags = if fua { self.fua_flag()? } else { 0 };
-        self.request(cmd::TRIM, flags, offset, len, None).await.map(drop)
+        self.request(cmd::TRIM, flags, offset, len, Vec::new()).await.map(drop)
     }
 
     /// Asks the server to read a range ahead (NBD_CMD_CACHE, a hint).
@@ -214,7 +226,7 @@ impl Client {
         if !self.details.can(tflags::SEND_CACHE) {
             return Err(self.invalid("the export has no CACHE".into()));
         }
-        self.request(cmd::CACHE, 0, offset, len, None).await.map(drop)
+        self.request(cmd::CACHE, 0, offset, len, Vec::new()).await.map(drop)
     }
 
     /// Zeroes a range; `may_deallocate` lets the server punch a hole.
@@ -226,19 +238,20 @@ impl Client {
         if !may_deallocate {
             flags |= cmd_flags::NO_HOLE;
         }
-        self.request(cmd::WRITE_ZEROES, flags, offset, len, None).await.map(drop)
+        self.request(cmd::WRITE_ZEROES, flags, offset, len, Vec::new()).await.map(drop)
     }
 
     /// Says goodbye (NBD_CMD_DISC) and closes the write side.
     pub async fn disconnect(&self) -> Result<()> {
         let header = RequestHeader { flags: 0, command: cmd::DISC, cookie: 0, offset: 0, length: 0 };
         let (raw, n) = encode_request(&header, self.details.framing);
-        let mut writer = self.writer.lock().await;
-        let sent = async {
-            writer.write_all(&raw[..n]).await?;
-            writer.shutdown().await
+        let (done, outcome) = oneshot::channel();
+        let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "the connection's sender is gone");
+        let sent = match self.outgoing.send(Outgoing::Disconnect(Bytes::copy_from_slice(&raw[..n]), done)) {
+            Ok(()) => outcome.await.unwrap_or_else(|_| Err(gone())),
+            Err(_) => Err(gone()),
         };
-        sent.await.map_err(|source| ClientError::Io { address: self.shared.address.clone(), source })
+        sent.map_err(|source| ClientError::Io { address: self.shared.address.clone(), source })
     }
 
     fn fua_flag(&self) -> Result<u16> {
@@ -253,7 +266,7 @@ impl Client {
         ClientError::Invalid { address: self.shared.address.clone(), what }
     }
 
-    async fn request(&self, command: u16, flags: u16, offset: u64, len: u32, payload: Option<Bytes>) -> Result<Answer> {
+    async fn request(&self, command: u16, flags: u16, offset: u64, len: u32, payload: Vec<Bytes>) -> Result<Answer> {
         let d = &self.details;
         let name = command_name(command);
         let end = offset.checked_add(u64::from(len));
@@ -294,22 +307,10 @@ impl Client {
         };
         let header = RequestHeader { flags, command, cookie, offset, length: len.into() };
         let (raw, n) = encode_request(&header, d.framing);
-        // Written by its own task: a dropped caller never leaves half a request on the wire.
-        let (writer, shared) = (self.writer.clone(), self.shared.clone());
-        let send = tokio::spawn(async move {
-            let mut writer = writer.lock().await;
-            let written = async {
-                writer.write_all(&raw[..n]).await?;
-                if let Some(data) = &payload {
-                    writer.write_all(data).await?;
-                }
-                writer.flush().await
-            };
-            if let Err(e) = written.await {
-                shared.close(Closed::lost(format!("sending a request failed: {e}")));
-            }
-        });
-        drop(send);
+        // Queued whole before this future can be dropped; the sender writes it whole.
+        if self.outgoing.send(Outgoing::Request(Bytes::copy_from_slice(&raw[..n]), payload)).is_err() {
+            self.shared.close(Closed::lost("the connection's sender is gone"));
+        }
         rx.await.unwrap_or_else(|_| {
             Err(ClientError::ConnectionLost {
                 address: self.shared.address.clone(),

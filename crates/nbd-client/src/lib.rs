@@ -35,6 +35,7 @@ pub mod fuzzing;
 mod handoff;
 mod handshake;
 mod replies;
+mod sender;
 mod shared;
 mod tls;
 mod waiter;

@@ -35,8 +35,14 @@ pub(crate) const MAX_STATUS_EXTENTS: usize = 1 << 16;
 /// Largest error chunk accepted: errno, message length, a 4 KiB message, an offset.
 pub(crate) const MAX_ERROR_CHUNK_BYTES: u32 = 4 + 2 + 4096 + 8;
 
+/// The reply stream's read buffer.
+const REPLY_BUFFER_BYTES: usize = 64 << 10;
+
 /// Reads replies until the connection ends, then fails whatever is still waiting.
-pub(crate) async fn read_replies<R: AsyncRead + Unpin>(mut reader: R, shared: Arc<Shared>, framing: Framing) {
+pub(crate) async fn read_replies<R: AsyncRead + Unpin>(reader: R, shared: Arc<Shared>, framing: Framing) {
+    // Buffered: one `read` brings many small replies (headers, 4 KiB data) instead of three
+    // reads each; a large READ's data past the buffer is read straight into its own.
+    let mut reader = tokio::io::BufReader::with_capacity(REPLY_BUFFER_BYTES, reader);
     let closed = match reply_loop(&mut reader, &shared, framing).await {
         Ok(()) => Closed::lost("the server closed the connection"),
         Err(Ended::Io(e)) => Closed::lost(format!("reading replies: {e}")),

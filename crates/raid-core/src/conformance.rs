@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::join_all;
 
 use crate::{AlignedBuf, Member};
@@ -88,6 +89,7 @@ pub async fn run_all(m: Arc<dyn Member>, in_flight: InFlight) {
     round_trip_aligned(&*m).await;
     round_trip_unaligned(&*m).await;
     slice_writes(&*m).await;
+    shared_writes(&*m).await;
     flush_after_write(&*m).await;
     discard_reads_zero(&*m).await;
     write_zeroes_reads_zero(&*m).await;
@@ -184,6 +186,32 @@ pub async fn slice_writes(m: &dyn Member) {
     let a = m.alignment() as u64;
     let err = m.write_slice_at(m.len_bytes() - a, &backing[..2 * a as usize], false).await.expect_err("past end");
     assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{}: {err}", m.name());
+}
+
+/// `write_shared_at` (shared pieces, written in place where the backend can): one piece and
+/// several, from aligned memory and from addresses 1 byte into their buffer, with FUA, and
+/// refused past the end, like `write_at`.
+pub async fn shared_writes(m: &dyn Member) {
+    let base = 7 << 20;
+    let data = pattern(31, 128 << 10);
+    let aligned = Bytes::from_owner(AlignedBuf::from_slice(&data));
+    let cuts = [0, 4096, 68 << 10, 76 << 10, 128 << 10];
+    let pieces = |whole: &Bytes| cuts.windows(2).map(|w| whole.slice(w[0]..w[1])).collect::<Vec<_>>();
+    let name = m.name().to_owned();
+    m.write_shared_at(base, vec![aligned.slice(..64 << 10)], false).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(read(m, base, 64 << 10).await.unwrap() == data[..64 << 10], "{name}: one shared piece");
+    m.write_shared_at(base, pieces(&aligned), true).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(read(m, base, 128 << 10).await.unwrap() == data, "{name}: shared pieces");
+    // The same bytes 1 byte into their buffer: no alignment of the addresses is promised.
+    let mut odd = vec![0u8; 1 + data.len()];
+    odd[1..].copy_from_slice(&pattern(32, data.len()));
+    let odd = Bytes::from(odd).slice(1..);
+    m.write_shared_at(base, pieces(&odd), false).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(read(m, base, 128 << 10).await.unwrap() == odd, "{name}: misaligned shared pieces");
+    let a = m.alignment() as u64;
+    let past = vec![aligned.slice(..a as usize), aligned.slice(..a as usize)];
+    let err = m.write_shared_at(m.len_bytes() - a, past, false).await.expect_err("past end");
+    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{name}: {err}");
 }
 
 pub async fn flush_after_write(m: &dyn Member) {
@@ -378,7 +406,12 @@ pub async fn cancellation_safety(m: &Arc<dyn Member>, in_flight: &InFlight) {
         let fut = {
             let m = Arc::clone(m);
             async move {
-                if is_write {
+                if is_write && (r >> 5) % 2 == 0 {
+                    // Shared pieces the backend must keep alive while the kernel reads them.
+                    let whole = Bytes::from_owner(AlignedBuf::from_slice(&stamped_region(it, offset, len)));
+                    let half = len / 2;
+                    m.write_shared_at(offset, vec![whole.slice(..half), whole.slice(half..)], false).await
+                } else if is_write {
                     let (res, _) =
                         m.write_at(offset, AlignedBuf::from_slice(&stamped_region(it, offset, len)), false).await;
                     res.map(drop)

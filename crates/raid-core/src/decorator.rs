@@ -18,6 +18,8 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
+
 use crate::allocation::Allocation;
 use crate::buf::AlignedBuf;
 use crate::member::{BufResult, IoFuture, Member};
@@ -190,6 +192,10 @@ impl<M: Member, D: Decoration> Member for Decorated<M, D> {
         self.inner.alignment()
     }
 
+    fn memory_alignment(&self) -> usize {
+        self.inner.memory_alignment()
+    }
+
     fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
         let op = MemberOp { kind: OpKind::Read, offset_bytes, len_bytes: buf.len() as u64 };
         if !self.decoration.alters_data() {
@@ -230,6 +236,23 @@ impl<M: Member, D: Decoration> Member for Decorated<M, D> {
         self.run(op, move || match self.decoration.stored_instead(op, data) {
             Some(instead) => Box::pin(async move { self.inner.write_at(offset_bytes, instead, fua).await.0 }),
             None => self.inner.write_slice_at(offset_bytes, data, fua),
+        })
+    }
+
+    fn write_shared_at(&self, offset_bytes: u64, pieces: Vec<Bytes>, fua: bool) -> IoFuture<'_, io::Result<()>> {
+        let len_bytes = pieces.iter().map(Bytes::len).sum::<usize>() as u64;
+        let op = MemberOp { kind: OpKind::Write, offset_bytes, len_bytes };
+        if !self.decoration.alters_data() {
+            return self.run(op, move || self.inner.write_shared_at(offset_bytes, pieces, fua));
+        }
+        self.run(op, move || {
+            Box::pin(async move {
+                let joined = crate::member::join_pieces(&pieces);
+                match self.decoration.stored_instead(op, joined.as_slice()) {
+                    Some(instead) => self.inner.write_at(offset_bytes, instead, fua).await.0,
+                    None => self.inner.write_at(offset_bytes, joined, fua).await.0,
+                }
+            })
         })
     }
 

@@ -18,6 +18,7 @@
 //!             (throttle, fault injection, metrics) that only add hooks
 //!  bad_ranges BadRanges: sorted sector ranges (bad blocks of a member)
 //!  buf        AlignedBuf, the owned page-aligned buffer every member I/O carries
+//!  payload    Payload, a client write borrowed or shared (Bytes) on its way to the members
 //! ```
 //!
 //! Dependencies point one way: backends (member-io) implement [`member::Member`]; the
@@ -39,6 +40,7 @@ pub mod journal;
 pub mod md;
 pub mod member;
 pub mod parity;
+pub mod payload;
 pub mod ppl;
 pub mod read_data;
 pub mod volume;

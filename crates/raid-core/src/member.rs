@@ -33,6 +33,8 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+
 use crate::allocation::{Allocation, push_merged};
 use crate::buf::AlignedBuf;
 use crate::integrity::IntegrityReport;
@@ -64,6 +66,14 @@ pub trait Member: Send + Sync {
         512
     }
 
+    /// Alignment (bytes, power of two) of the *addresses* this member writes from in place
+    /// (O_DIRECT's memory alignment; 1 where any address goes). The engine copies a shared
+    /// payload that misses it once, before its member writes, rather than have each member
+    /// copy its own leg.
+    fn memory_alignment(&self) -> usize {
+        1
+    }
+
     /// Reads `buf.len()` bytes at `offset_bytes` into `buf`.
     fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult>;
 
@@ -76,6 +86,23 @@ pub trait Member: Send + Sync {
         let buf = AlignedBuf::from_slice(data);
         crate::copy_count::copied(data.len());
         Box::pin(async move { self.write_at(offset_bytes, buf, fua).await.0 })
+    }
+
+    /// Writes `pieces` one after another from `offset_bytes` (a gathering write of shared,
+    /// reference-counted bytes, e.g. the NBD server's receive buffer); with `fua` durable on
+    /// completion. The engine sends only pieces whose lengths are multiples of 512 and whose
+    /// total meets [`alignment`](Self::alignment); a backend that needs aligned memory
+    /// (O_DIRECT) checks the addresses itself. A backend that can keep the pieces alive until
+    /// its I/O completes writes them in place, without a copy (io_uring, threads, NBD). The
+    /// default borrows one piece through [`write_slice_at`](Self::write_slice_at) and joins
+    /// several into one buffer (a copy).
+    fn write_shared_at(&self, offset_bytes: u64, pieces: Vec<Bytes>, fua: bool) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(async move {
+            match pieces.as_slice() {
+                [one] => self.write_slice_at(offset_bytes, one, fua).await,
+                _ => self.write_at(offset_bytes, join_pieces(&pieces), fua).await.0,
+            }
+        })
     }
 
     /// The open file whose page cache *is* this member's storage (tmpfs, ramfs), if the
@@ -163,6 +190,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     fn alignment(&self) -> usize {
         (**self).alignment()
     }
+    fn memory_alignment(&self) -> usize {
+        (**self).memory_alignment()
+    }
     fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
         (**self).read_at(offset_bytes, buf)
     }
@@ -171,6 +201,9 @@ impl<M: Member + ?Sized> Member for Arc<M> {
     }
     fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
         (**self).write_slice_at(offset_bytes, data, fua)
+    }
+    fn write_shared_at(&self, offset_bytes: u64, pieces: Vec<Bytes>, fua: bool) -> IoFuture<'_, io::Result<()>> {
+        (**self).write_shared_at(offset_bytes, pieces, fua)
     }
     fn memory_file(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<File>> {
         (**self).memory_file(offset_bytes, len_bytes)
@@ -291,6 +324,19 @@ impl Member for MemoryMember {
         Box::pin(std::future::ready(self.write_now(offset_bytes, data)))
     }
 
+    fn write_shared_at(&self, offset_bytes: u64, pieces: Vec<Bytes>, _fua: bool) -> IoFuture<'_, io::Result<()>> {
+        let total: usize = pieces.iter().map(Bytes::len).sum();
+        let res = self.range(offset_bytes, total as u64).and_then(|_| {
+            let mut at = offset_bytes;
+            for piece in &pieces {
+                self.write_now(at, piece)?;
+                at += piece.len() as u64;
+            }
+            Ok(())
+        });
+        Box::pin(std::future::ready(res))
+    }
+
     fn flush(&self) -> IoFuture<'_, io::Result<()>> {
         Box::pin(std::future::ready(Ok(())))
     }
@@ -325,6 +371,19 @@ impl Member for MemoryMember {
         });
         Box::pin(std::future::ready(res))
     }
+}
+
+/// `pieces` joined into one buffer (a copy, counted): for members that write one buffer.
+pub fn join_pieces(pieces: &[Bytes]) -> AlignedBuf {
+    let len = pieces.iter().map(Bytes::len).sum();
+    let mut buf = AlignedBuf::for_overwrite(len);
+    let mut at = 0;
+    for piece in pieces {
+        buf.as_mut_slice()[at..at + piece.len()].copy_from_slice(piece);
+        at += piece.len();
+    }
+    crate::copy_count::copied(len);
+    buf
 }
 
 /// The block size in which a [`MemoryMember`] reports holes (a file system's block).

@@ -25,6 +25,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use bytes::Bytes;
+
 use crate::allocation::Allocation;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::read_data::{FileExtent, ReadData};
@@ -41,6 +43,12 @@ pub trait Volume: Send + Sync {
 
     /// Writes `data` at `offset_bytes`; with `fua` it is durable on return.
     fn write<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()>;
+
+    /// [`write`](Self::write) of shared bytes, which the volume may keep (reference-counted)
+    /// until its member writes are done instead of copying them. By default, borrowed.
+    fn write_shared(&self, offset_bytes: u64, data: Bytes, fua: bool) -> VolumeFuture<'_, ()> {
+        Box::pin(async move { self.write(offset_bytes, &data, fua).await })
+    }
 
     /// Makes every completed write durable.
     fn flush(&self) -> VolumeFuture<'_, ()>;

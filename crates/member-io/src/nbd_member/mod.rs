@@ -497,13 +497,20 @@ impl NbdMember {
         Ok(size)
     }
 
-    async fn write_piece(&self, offset: u64, piece: Bytes, fua: bool) -> io::Result<()> {
-        let covers_identity = lock(&self.identity).writing(offset, &piece);
+    /// One WRITE request of `pieces`, sent one after another from `offset`.
+    async fn write_piece(&self, offset: u64, pieces: Vec<Bytes>, fua: bool) -> io::Result<()> {
+        let covers_identity = match pieces.as_slice() {
+            [one] => lock(&self.identity).writing(offset, one),
+            _ => {
+                debug_assert!(!touches_identity(offset, pieces.iter().map(Bytes::len).sum()), "joined first");
+                false
+            }
+        };
         let native_fua = fua && self.can_fua;
         let mut written = self
             .run(|client| {
-                let piece = piece.clone();
-                async move { client.write(offset, piece, native_fua).await }
+                let pieces = pieces.clone();
+                async move { client.write_pieces(offset, pieces, native_fua).await }
             })
             .await;
         if written.is_ok() && !native_fua {
@@ -531,7 +538,7 @@ impl NbdMember {
                 .await?;
                 self.lock().acked_writes += 1;
             } else {
-                self.write_piece(offset + at, Bytes::from(vec![0u8; n as usize]), false).await?;
+                self.write_piece(offset + at, vec![Bytes::from(vec![0u8; n as usize])], false).await?;
             }
             at += n;
         }
@@ -555,6 +562,11 @@ async fn more_connections(
 
 fn client_config(member_timeout: Duration) -> ClientConfig {
     ClientConfig { connect_timeout: member_timeout.min(Duration::from_secs(10)), ..ClientConfig::default() }
+}
+
+/// Whether a write of `len` bytes at `offset` touches the member's identity area.
+fn touches_identity(offset: u64, len: usize) -> bool {
+    offset < identity::IDENTITY.end && offset + len as u64 > identity::IDENTITY.start
 }
 
 impl Member for NbdMember {
@@ -613,8 +625,37 @@ impl Member for NbdMember {
                 let n = (len - at).min(self.piece_bytes);
                 let piece = Bytes::copy_from_slice(&data[at as usize..(at + n) as usize]);
                 raid_core::copy_count::copied(n as usize);
-                self.write_piece(offset_bytes + at, piece, fua).await?;
+                self.write_piece(offset_bytes + at, vec![piece], fua).await?;
                 at += n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Requests of at most `piece_bytes`, each sent straight from the shared pieces.
+    fn write_shared_at(&self, offset_bytes: u64, mut pieces: Vec<Bytes>, fua: bool) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(async move {
+            let len: usize = pieces.iter().map(Bytes::len).sum();
+            self.check(offset_bytes, len as u64)?;
+            if pieces.len() > 1 && touches_identity(offset_bytes, len) {
+                // The superblock area is remembered from one contiguous buffer.
+                raid_core::copy_count::copied(len);
+                pieces = vec![Bytes::from(pieces.concat())];
+            }
+            let (mut at, mut request, mut request_len) = (offset_bytes, Vec::new(), 0u64);
+            for mut piece in pieces {
+                while !piece.is_empty() {
+                    let take = (self.piece_bytes - request_len).min(piece.len() as u64) as usize;
+                    request.push(piece.split_to(take));
+                    request_len += take as u64;
+                    if request_len == self.piece_bytes {
+                        self.write_piece(at, std::mem::take(&mut request), fua).await?;
+                        (at, request_len) = (at + self.piece_bytes, 0);
+                    }
+                }
+            }
+            if request_len > 0 {
+                self.write_piece(at, request, fua).await?;
             }
             Ok(())
         })

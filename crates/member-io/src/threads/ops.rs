@@ -6,6 +6,7 @@
 use std::io;
 use std::ops::Range;
 
+use bytes::Bytes;
 use raid_core::AlignedBuf;
 use tokio::sync::oneshot;
 
@@ -46,6 +47,11 @@ impl FileOps for ThreadOps {
         let len = buf.len();
         let job = move || sync_ops::write(&file, offset_bytes, buf, range);
         self.run(job).await.unwrap_or_else(|| (Err(engine_gone(ENGINE)), AlignedBuf::zeroed(len)))
+    }
+
+    async fn write_pieces(&self, file: FileRef, offset_bytes: u64, pieces: Vec<Bytes>) -> io::Result<usize> {
+        let job = move || sync_ops::write_pieces(&file, offset_bytes, pieces);
+        self.run(job).await.unwrap_or_else(|| Err(engine_gone(ENGINE)))
     }
 
     async fn fdatasync(&self, file: FileRef) -> io::Result<()> {

@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{MemberIoError, Result};
 use crate::file_ops::engine_gone;
 use crate::member_file::FileRef;
+use crate::sync_ops::IoVecs;
 use crate::uring::registered::{RegisteredPool, memlock_budget_bytes};
 
 const ENGINE: &str = "member-io io_uring thread";
@@ -70,17 +71,34 @@ impl Default for UringConfig {
 
 /// One member operation, owning whatever memory the kernel will touch.
 pub(crate) enum Op {
-    Read { offset_bytes: u64, buf: AlignedBuf, range: Range<usize> },
-    Write { offset_bytes: u64, buf: AlignedBuf, range: Range<usize> },
+    Read {
+        offset_bytes: u64,
+        buf: AlignedBuf,
+        range: Range<usize>,
+    },
+    Write {
+        offset_bytes: u64,
+        buf: AlignedBuf,
+        range: Range<usize>,
+    },
+    /// A gathering write of shared pieces (which `iovecs` owns).
+    WritePieces {
+        offset_bytes: u64,
+        iovecs: IoVecs,
+    },
     Fdatasync,
-    Fallocate { mode: i32, offset_bytes: u64, len_bytes: u64 },
+    Fallocate {
+        mode: i32,
+        offset_bytes: u64,
+        len_bytes: u64,
+    },
 }
 
 impl Op {
     fn into_buf(self) -> Option<AlignedBuf> {
         match self {
             Op::Read { buf, .. } | Op::Write { buf, .. } => Some(buf),
-            Op::Fdatasync | Op::Fallocate { .. } => None,
+            Op::WritePieces { .. } | Op::Fdatasync | Op::Fallocate { .. } => None,
         }
     }
 }
@@ -376,6 +394,9 @@ impl RingThread {
                     None => opcode::Write::new(fd, data.as_ptr(), len).offset(*offset_bytes).build(),
                 }
             }
+            Op::WritePieces { offset_bytes, iovecs, .. } => {
+                opcode::Writev::new(fd, iovecs.as_ptr(), iovecs.count() as u32).offset(*offset_bytes).build()
+            }
             Op::Fdatasync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
             Op::Fallocate { mode, offset_bytes, len_bytes } => {
                 opcode::Fallocate::new(fd, *len_bytes).offset(*offset_bytes).mode(*mode).build()
@@ -438,7 +459,7 @@ impl RingThread {
                 }
                 op.into_buf()
             }
-            Op::Fdatasync | Op::Fallocate { .. } => None,
+            Op::WritePieces { .. } | Op::Fdatasync | Op::Fallocate { .. } => None,
         };
         // A closed receiver means the task was cancelled; its buffer is dropped right here.
         let _ = reply.send(Completion { result, buf });

@@ -4,10 +4,12 @@ use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use raid_core::AlignedBuf;
 
 use crate::file_ops::{FileOps, TransferResult};
 use crate::member_file::FileRef;
+use crate::sync_ops::IoVecs;
 use crate::uring::driver::{Op, UringDriver};
 
 pub(crate) struct UringOps {
@@ -36,6 +38,11 @@ impl FileOps for UringOps {
     async fn write(&self, file: FileRef, offset_bytes: u64, buf: AlignedBuf, range: Range<usize>) -> TransferResult {
         let len = buf.len();
         self.transfer(file, Op::Write { offset_bytes, buf, range }, len).await
+    }
+
+    async fn write_pieces(&self, file: FileRef, offset_bytes: u64, pieces: Vec<Bytes>) -> io::Result<usize> {
+        let op = Op::WritePieces { offset_bytes, iovecs: IoVecs::new(pieces) };
+        self.driver.submit(file, op).await.result.map(|n| n as usize)
     }
 
     async fn fdatasync(&self, file: FileRef) -> io::Result<()> {

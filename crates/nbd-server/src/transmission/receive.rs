@@ -186,7 +186,8 @@ impl WakeThreshold {
     }
 }
 
-/// Reads a WRITE payload of `len` bytes into its own buffer: the buffered part is copied,
+/// Reads a WRITE payload of `len` bytes into its own buffer, starting at a 4 KiB boundary
+/// (`buffer_pool::alloc_aligned`): the buffered part is copied,
 /// the rest is read straight into a (pooled) payload buffer, whole if it is large
 /// (`RequestSource::set_wake_threshold`).
 /// Each read must bring bytes within `stall` (`ServerConfig::stall_timeout`).
@@ -197,12 +198,13 @@ pub(super) async fn read_payload<R: RequestSource>(
     stall: Duration,
 ) -> Result<Bytes> {
     debug_assert!(buf.len() < len);
-    let mut payload = buffer_pool::alloc(len);
+    let mut payload = buffer_pool::alloc_aligned(len);
+    let pad = payload.len();
     payload.extend_from_slice(buf);
     buf.clear();
     let mut threshold = WakeThreshold::default();
-    while payload.len() < len {
-        let remaining = len - payload.len();
+    while payload.len() - pad < len {
+        let remaining = len - (payload.len() - pad);
         threshold.before_read(reader, remaining, false)?;
         let mut limited = (&mut *reader).take(remaining as u64);
         if progress(stall, limited.read_buf(&mut payload)).await?? == 0 {
@@ -210,8 +212,8 @@ pub(super) async fn read_payload<R: RequestSource>(
         }
     }
     threshold.finish(reader)?;
-    debug_assert_eq!(payload.len(), len);
-    Ok(buffer_pool::freeze(payload))
+    debug_assert_eq!(payload.len() - pad, len);
+    Ok(buffer_pool::freeze(payload).slice(pad..))
 }
 
 #[cfg(test)]

@@ -37,9 +37,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::channel::oneshot;
 
 use crate::error::{RaidError, Result};
+use crate::payload::{Gathered, Payload};
 
 /// Sleeps for a duration (the binary gives tokio's).
 pub trait Timer: Send + Sync {
@@ -116,7 +118,7 @@ struct GroupState {
     start_sector: u64,
     end_sector: u64,
     /// Every part's data, in sector order (contiguous).
-    pieces: VecDeque<Vec<u8>>,
+    pieces: VecDeque<Bytes>,
     bytes: usize,
     fua: bool,
     joiners: Vec<oneshot::Sender<JoinResult>>,
@@ -135,7 +137,7 @@ enum Signal {
 /// What a leader does after waiting.
 pub(crate) enum Outcome {
     /// Write `data` at sector `first` (FUA if any part asked), then [`Leader::finish`].
-    Go { first: u64, data: Vec<u8>, fua: bool },
+    Go { first: u64, data: Payload<'static>, fua: bool },
     /// Its group was merged into another: the result comes from that group's leader.
     Merged(oneshot::Receiver<JoinResult>),
 }
@@ -209,7 +211,7 @@ impl Gather {
 
     /// Decides for a write of `data` at `[start, end)` sectors; `stripe_sectors` is the data
     /// of one stripe.
-    pub fn arrive(&self, start: u64, end: u64, data: &[u8], fua: bool, stripe_sectors: u64) -> Role<'_> {
+    pub fn arrive(&self, start: u64, end: u64, data: &Payload<'_>, fua: bool, stripe_sectors: u64) -> Role<'_> {
         let mut inner = lock(&self.inner);
         // Near a recent write (within a few of its own lengths: requests dispatched in
         // parallel arrive a little out of order).
@@ -233,9 +235,8 @@ impl Gather {
         };
         if let Some(group) = group {
             let (tx, rx) = oneshot::channel();
-            // The copy is made before the group's lock is taken.
-            let piece = data.to_vec();
-            crate::copy_count::copied(piece.len());
+            // Any copy is made before the group's lock is taken.
+            let piece = keep(data);
             {
                 let mut g = lock(&group.state);
                 debug_assert!(!g.closed);
@@ -292,12 +293,11 @@ impl Gather {
             return Role::Alone;
         }
         let (full_tx, full_rx) = oneshot::channel();
-        crate::copy_count::copied(data.len());
         let group = Arc::new(Group {
             state: Mutex::new(GroupState {
                 start_sector: start,
                 end_sector: end,
-                pieces: VecDeque::from([data.to_vec()]),
+                pieces: VecDeque::from([keep(data)]),
                 bytes: data.len(),
                 fua,
                 joiners: Vec::new(),
@@ -347,18 +347,8 @@ impl Leader<'_> {
         }
         let group = self.group.as_ref().expect("not finished");
         let mut g = lock(&group.state);
-        let mut pieces = std::mem::take(&mut g.pieces);
-        // A group nobody joined writes its one piece as it is (no second copy).
-        let data = if pieces.len() == 1 {
-            pieces.pop_front().expect("one piece")
-        } else {
-            let mut data = Vec::with_capacity(g.bytes);
-            crate::copy_count::copied(g.bytes);
-            for piece in pieces {
-                data.extend_from_slice(&piece);
-            }
-            data
-        };
+        // The pieces are written as one payload, not joined.
+        let data = Gathered::payload(std::mem::take(&mut g.pieces).into());
         debug_assert_eq!(data.len() as u64, (g.end_sector - g.start_sector) * crate::SECTOR_BYTES);
         Outcome::Go { first: g.start_sector, data, fua: g.fua }
     }
@@ -403,4 +393,18 @@ impl Drop for Leader<'_> {
 pub(crate) async fn leaders_result(result: oneshot::Receiver<JoinResult>) -> Option<Result<()>> {
     let reported = result.await.ok()?;
     Some(reported.map_err(|(kind, message)| RaidError::new(kind, message)))
+}
+
+/// A write's bytes kept by its group until the leader writes them: shared bytes by reference,
+/// borrowed ones copied (the writer's future may be dropped while the group waits).
+fn keep(data: &Payload<'_>) -> Bytes {
+    match data {
+        Payload::Shared(bytes) => bytes.clone(),
+        other => {
+            crate::copy_count::copied(other.len());
+            let mut copy = vec![0; other.len()];
+            other.copy_to(&mut copy);
+            Bytes::from(copy)
+        }
+    }
 }

@@ -6,6 +6,7 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
+use bytes::Bytes;
 use futures::future::join_all;
 
 use super::Array;
@@ -15,6 +16,7 @@ use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{RaidError, Result};
 use crate::member::Member;
+use crate::payload::Payload;
 
 /// A piece of a request that lives contiguously on one member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,23 +136,49 @@ impl<M: Member + ?Sized> Array<M> {
         write_device(&device, member_sector, buf, fua).await
     }
 
-    /// `write_member` from borrowed bytes: members that write synchronously skip a copy.
-    /// (With a replacement being built, both writes take the copying path.)
-    pub(crate) async fn write_member_slice(
+    /// `write_member` of `pieces` of a client's payload, one after another. Shared pieces go
+    /// to the member (and the replacement being built) as they are, without a copy; one
+    /// borrowed piece is borrowed by members that write synchronously; several borrowed
+    /// pieces are joined (a copy).
+    pub(crate) async fn write_member_pieces(
         &self,
         role: usize,
         member_sector: u64,
-        data: &[u8],
+        pieces: Vec<Payload<'_>>,
         fua: bool,
     ) -> io::Result<()> {
-        debug_assert_eq!(data.len() as u64 % SECTOR_BYTES, 0);
+        debug_assert!(pieces.iter().all(|p| (p.len() as u64).is_multiple_of(SECTOR_BYTES)));
         let slot = &self.members.slots()[role];
-        if slot.replacement().is_some() {
-            crate::copy_count::copied(data.len());
-            return self.write_member(role, member_sector, AlignedBuf::from_slice(data), fua).await;
-        }
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
-        device.member.write_slice_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, data, fua).await
+        let offset = |device: &Device<M>| device.data_offset_bytes + member_sector * SECTOR_BYTES;
+        let shared: Option<Vec<Bytes>> =
+            pieces.iter().map(Payload::shared_pieces).collect::<Option<Vec<_>>>().map(|p| p.concat());
+        let replacement = slot.replacement();
+        match (shared, pieces.as_slice(), replacement) {
+            (Some(shared), _, None) => device.member.write_shared_at(offset(&device), shared, fua).await,
+            (Some(shared), _, Some(replacement)) => {
+                let (primary, second) = futures::join!(
+                    device.member.write_shared_at(offset(&device), shared.clone(), fua),
+                    replacement.device.member.write_shared_at(offset(&replacement.device), shared, fua)
+                );
+                if let Err(e) = second {
+                    self.replacement_failed(role, &replacement, &e).await;
+                }
+                primary
+            }
+            (None, [Payload::Borrowed(one)], None) => device.member.write_slice_at(offset(&device), one, fua).await,
+            (None, _, _) => {
+                let len = pieces.iter().map(Payload::len).sum();
+                let mut buf = AlignedBuf::for_overwrite(len);
+                let mut at = 0;
+                for p in &pieces {
+                    p.copy_to(&mut buf.as_mut_slice()[at..at + p.len()]);
+                    at += p.len();
+                }
+                crate::copy_count::copied(len);
+                self.write_member(role, member_sector, buf, fua).await
+            }
+        }
     }
 
     /// Zeroes `sectors` at `member_sector` of `role` (deallocating if allowed), replacement included.
@@ -174,6 +202,15 @@ impl<M: Member + ?Sized> Array<M> {
             return primary;
         }
         zero_device(&device, member_sector, sectors, deallocate).await
+    }
+
+    /// The largest memory alignment any member (or replacement being built) writes in place
+    /// from (`Member::memory_alignment`).
+    pub(crate) fn members_memory_alignment(&self) -> usize {
+        let slots = self.members.slots();
+        let devices =
+            slots.iter().flat_map(|s| s.device().into_iter().chain(s.replacement().map(|r| r.device.clone())));
+        devices.map(|d| d.member.memory_alignment()).max().unwrap_or(1)
     }
 
     /// Current read load of a role, for choosing between copies.

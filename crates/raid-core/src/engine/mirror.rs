@@ -17,10 +17,10 @@ use super::read_assembler::ReadAssembler;
 use super::slot::{Device, Slot};
 use super::{Array, DataPath, Layout, LockGuard, MIRROR_LOCK_SECTORS, MIRROR_READ_SPLIT_SECTORS};
 use crate::SECTOR_BYTES;
-use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::{Extent, Level};
 use crate::member::Member;
+use crate::payload::Payload;
 use crate::read_data::{FileExtent, ReadData};
 
 /// Reads of raid10 prefer one copy per region of this many array sectors (1 MiB).
@@ -220,7 +220,7 @@ impl<M: Member + ?Sized> Array<M> {
         &self,
         layout: &Layout,
         start_sector: u64,
-        data: &[u8],
+        data: Payload<'_>,
         fua: bool,
     ) -> Result<()> {
         let sectors = data.len() as u64 / SECTOR_BYTES;
@@ -236,30 +236,22 @@ impl<M: Member + ?Sized> Array<M> {
         &self,
         layout: &Layout,
         start_sector: u64,
-        data: &[u8],
+        data: Payload<'_>,
         fua: bool,
     ) -> Result<()> {
         let sectors = data.len() as u64 / SECTOR_BYTES;
         let _intent = self.intent_begin(start_sector..start_sector + sectors).await?;
         let pieces = self.writable_copies(layout, start_sector, sectors)?;
         let runs = coalesce(pieces);
+        let data = &data;
         let results = join_all(runs.iter().map(|run| async move {
-            if let [(p, _)] = run.pieces.as_slice() {
-                // One contiguous piece of the request: the member may write it without a copy.
-                debug_assert_eq!(p.sectors, run.sectors);
-                let len = (run.sectors * SECTOR_BYTES) as usize;
-                return self
-                    .write_member_slice(run.role, run.member_sector, &data[p.req_offset_bytes..][..len], fua)
-                    .await;
-            }
-            // The run's pieces tile it (coalesce), so every byte is copied over.
-            let mut buf = AlignedBuf::for_overwrite((run.sectors * SECTOR_BYTES) as usize);
-            crate::copy_count::copied(buf.len());
-            for (p, at) in &run.pieces {
-                let len = (p.sectors * SECTOR_BYTES) as usize;
-                buf.as_mut_slice()[*at..at + len].copy_from_slice(&data[p.req_offset_bytes..p.req_offset_bytes + len]);
-            }
-            self.write_member(run.role, run.member_sector, buf, fua).await
+            // The run's pieces tile it (coalesce): the request's bytes for each, in order.
+            let pieces = run
+                .pieces
+                .iter()
+                .map(|(p, _)| data.slice(p.req_offset_bytes..p.req_offset_bytes + (p.sectors * SECTOR_BYTES) as usize))
+                .collect();
+            self.write_member_pieces(run.role, run.member_sector, pieces, fua).await
         }))
         .await;
         self.finish_mirror_writes(layout, start_sector, sectors, runs.iter().map(|r| r.role).zip(results), "write")

@@ -37,6 +37,7 @@ mod admin;
 mod append;
 mod away;
 mod bad_blocks;
+mod block_buf;
 mod block_status;
 mod builder;
 mod gather;
@@ -69,6 +70,7 @@ mod write_hole;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use bytes::Bytes;
 use futures::future::join_all;
 
 pub use admin::Admin;
@@ -99,6 +101,7 @@ use crate::allocation::Allocation;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::Geometry;
 use crate::member::Member;
+use crate::payload::Payload;
 use crate::volume::{Volume, VolumeFuture};
 use membership::Membership;
 use shape::{Part, Parts, ShapeCell};
@@ -264,6 +267,25 @@ impl<M: Member + ?Sized> Array<M> {
 
     /// Writes `data` at `offset_bytes`; with `fua` it is durable on return.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.write_payload(offset_bytes, Payload::Borrowed(data), fua).await
+    }
+
+    /// [`write`](Self::write) of shared bytes: every member write of it shares `data`
+    /// (a mirror's copies, a raid0's chunks), none copies it where the members can write
+    /// shared bytes in place (`Member::write_shared_at`).
+    pub async fn write_shared(&self, offset_bytes: u64, data: Bytes, fua: bool) -> Result<()> {
+        let data = match (data.as_ptr() as usize).is_multiple_of(self.members_memory_alignment()) {
+            true => data,
+            // Copied once here, not once per member leg.
+            false => {
+                crate::copy_count::copied(data.len());
+                Bytes::from_owner(crate::buf::AlignedBuf::from_slice(&data))
+            }
+        };
+        self.write_payload(offset_bytes, Payload::Shared(data), fua).await
+    }
+
+    async fn write_payload(&self, offset_bytes: u64, data: Payload<'_>, fua: bool) -> Result<()> {
         let _in_flight = self.enter_write("write")?;
         self.check_io(offset_bytes, data.len() as u64, true)?;
         self.client_io_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -272,7 +294,7 @@ impl<M: Member + ?Sized> Array<M> {
         let stripe_sectors = self.gather.get().and_then(|_| self.layout().parity().map(|pg| pg.stripe_data_sectors()));
         if let (Some(gather), Some(stripe_sectors)) = (self.gather.get(), stripe_sectors) {
             let end = start + data.len() as u64 / SECTOR_BYTES;
-            match gather.arrive(start, end, data, fua, stripe_sectors) {
+            match gather.arrive(start, end, &data, fua, stripe_sectors) {
                 gather::Role::Alone => {
                     let _executing = gather.executing();
                     return self.write_sectors(start, data, fua).await;
@@ -286,7 +308,7 @@ impl<M: Member + ?Sized> Array<M> {
                 gather::Role::Lead(mut leader) => match leader.wait().await {
                     gather::Outcome::Go { first, data: all, fua: any_fua } => {
                         let _executing = gather.executing();
-                        let result = self.write_sectors(first, &all, any_fua).await;
+                        let result = self.write_sectors(first, all, any_fua).await;
                         leader.finish(&result);
                         return result;
                     }
@@ -579,6 +601,9 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
     }
     fn write<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> VolumeFuture<'a, ()> {
         Box::pin(Array::write(self, offset_bytes, data, fua))
+    }
+    fn write_shared(&self, offset_bytes: u64, data: Bytes, fua: bool) -> VolumeFuture<'_, ()> {
+        Box::pin(Array::write_shared(self, offset_bytes, data, fua))
     }
     fn flush(&self) -> VolumeFuture<'_, ()> {
         self.write_hole.client_flush(self)

@@ -459,7 +459,7 @@ impl<M: Member + ?Sized> Array<M> {
             }
         }
         // Full stripes (parity from the data alone), or every copy from the one copy read.
-        self.write_part(&Part { layout: new.clone(), start, sectors }, data.as_slice(), false).await?;
+        self.write_part(&Part { layout: new.clone(), start, sectors }, data.as_slice().into(), false).await?;
         self.flush().await?;
         let _g = self.locks.lock(META_LOCK_KEY).await;
         self.try_persist_locked(StateChange::ReshapeProgress { position_sectors: next_front }).await

@@ -4,6 +4,7 @@
 //! it, and the joining of member writes that are contiguous on one member.
 
 use super::MAX_IO_BYTES;
+use super::block_buf::BlockBuf;
 use super::stripe_plan::{Mode, StripeWrite};
 use super::stripe_read::block_kinds;
 use super::stripe_write::{ComputedJob, Job, MemberWrite, WriteSource};
@@ -11,6 +12,7 @@ use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::geometry::StripeLayout;
 use crate::parity::{self, BlockKind};
+use crate::payload::Payload;
 
 /// Computes the new blocks of one job. With `want_pp`, also its partial parity (the XOR of
 /// the data blocks it does not write) when it writes P.
@@ -26,14 +28,23 @@ pub(super) fn compute_job(
     let len = (job.sectors() * SECTOR_BYTES) as usize;
     let kinds = block_kinds(layout, np);
     let written = |k: usize| job.written & (1 << k) != 0;
-    let new_data = |k: usize| match src {
+    // A shared payload's block is a slice of it; a borrowed one is copied.
+    let new_data = |k: usize| match &src {
         WriteSource::Data(data) => {
             let bw = write.blocks[k].expect("written block");
             let at = bw.req_offset_bytes + ((job.rows.0 - bw.rows.0) as u64 * SECTOR_BYTES) as usize;
-            crate::copy_count::copied(len);
-            AlignedBuf::from_slice(&data[at..at + len])
+            match data.slice(at..at + len) {
+                Payload::Shared(bytes) => BlockBuf::Shared(bytes),
+                // Borrowed, or a block across two gathered writes.
+                other => {
+                    crate::copy_count::copied(len);
+                    let mut buf = AlignedBuf::for_overwrite(len);
+                    other.copy_to(buf.as_mut_slice());
+                    BlockBuf::Owned(buf)
+                }
+            }
         }
-        WriteSource::Zeros => AlignedBuf::zeroed(len),
+        WriteSource::Zeros => BlockBuf::Owned(AlignedBuf::zeroed(len)),
     };
     let mut out = Vec::with_capacity(dd + np);
     let mut partial_parity = None;
@@ -70,7 +81,7 @@ pub(super) fn compute_job(
                 x
             });
             for b in parity_read {
-                out.push((b, job.blocks[b].take().expect("parity was read")));
+                out.push((b, job.blocks[b].take().expect("parity was read").into()));
             }
         }
         Mode::DataOnly => {
@@ -88,16 +99,30 @@ pub(super) fn compute_job(
                     job.blocks.iter_mut().map(|b| b.as_mut().expect("filled").as_mut_slice()).collect();
                 assert!(parity::reconstruct(&mut slices, &kinds, &missing), "planned within redundancy");
             }
-            for k in (0..dd).filter(|&k| written(k)) {
-                job.blocks[k] = Some(new_data(k));
-            }
-            for b in dd..dd + np {
-                job.blocks[b] = Some(AlignedBuf::for_overwrite(len)); // compute_parity stores P and Q
-            }
+            let mut new: Vec<Option<BlockBuf>> = (0..dd).map(|k| written(k).then(|| new_data(k))).collect();
+            // compute_parity_split stores P and Q; the data is read where it lies.
+            let mut parity: Vec<AlignedBuf> = (0..np).map(|_| AlignedBuf::for_overwrite(len)).collect();
             {
-                let mut slices: Vec<&mut [u8]> =
-                    job.blocks.iter_mut().map(|b| b.as_mut().expect("every block present").as_mut_slice()).collect();
-                parity::compute_parity(&mut slices, &kinds);
+                let data: Vec<&[u8]> = (0..dd)
+                    .map(|k| match &new[k] {
+                        Some(block) => block.as_slice(),
+                        None => job.blocks[k].as_ref().expect("read or rebuilt").as_slice(),
+                    })
+                    .collect();
+                let exponents: Vec<u8> = kinds[..dd]
+                    .iter()
+                    .map(|kind| match kind {
+                        BlockKind::Data { exponent } => *exponent,
+                        _ => unreachable!("data blocks come first"),
+                    })
+                    .collect();
+                let (p, q) = parity.split_first_mut().expect("a P block");
+                parity::compute_parity_split(
+                    &data,
+                    &exponents,
+                    p.as_mut_slice(),
+                    q.first_mut().map(|q| q.as_mut_slice()),
+                );
             }
             if want_pp {
                 let unwritten: Vec<usize> = (0..dd).filter(|&k| !written(k)).collect();
@@ -107,9 +132,10 @@ pub(super) fn compute_job(
                 }
                 partial_parity = Some(pp);
             }
-            for b in (0..dd).filter(|&k| written(k)).chain(dd..dd + np) {
-                out.push((b, job.blocks[b].take().expect("computed")));
+            for k in (0..dd).filter(|&k| written(k)) {
+                out.push((k, new[k].take().expect("computed")));
             }
+            out.extend(parity.into_iter().enumerate().map(|(i, buf)| (dd + i, buf.into())));
         }
     }
     ComputedJob {
@@ -124,17 +150,18 @@ pub(super) fn compute_job(
     }
 }
 
-/// Merges writes that are contiguous on one member into one buffer each.
-pub(super) fn concat_runs(mut writes: Vec<MemberWrite>) -> Vec<MemberWrite> {
-    /// Adjacent writes to one member, joined.
-    struct Run {
-        role: usize,
-        member_sector: u64,
-        len_bytes: usize,
-        bufs: Vec<AlignedBuf>,
-    }
+/// Adjacent writes to one member, written as one (a gathering write of their buffers).
+pub(super) struct MemberRun {
+    pub role: usize,
+    pub member_sector: u64,
+    pub len_bytes: usize,
+    pub bufs: Vec<BlockBuf>,
+}
+
+/// Merges writes that are contiguous on one member into runs.
+pub(super) fn concat_runs(mut writes: Vec<MemberWrite>) -> Vec<MemberRun> {
     writes.sort_unstable_by_key(|w| (w.role, w.member_sector));
-    let mut out: Vec<Run> = Vec::new();
+    let mut out: Vec<MemberRun> = Vec::new();
     for w in writes {
         if let Some(last) = out.last_mut() {
             let end = last.member_sector + last.len_bytes as u64 / SECTOR_BYTES;
@@ -145,22 +172,7 @@ pub(super) fn concat_runs(mut writes: Vec<MemberWrite>) -> Vec<MemberWrite> {
             }
             debug_assert!(last.role != w.role || end <= w.member_sector, "overlapping member writes");
         }
-        out.push(Run { role: w.role, member_sector: w.member_sector, len_bytes: w.buf.len(), bufs: vec![w.buf] });
+        out.push(MemberRun { role: w.role, member_sector: w.member_sector, len_bytes: w.buf.len(), bufs: vec![w.buf] });
     }
-    out.into_iter()
-        .map(|mut run| {
-            if run.bufs.len() == 1 {
-                let buf = run.bufs.pop().expect("one buffer");
-                return MemberWrite { role: run.role, member_sector: run.member_sector, buf };
-            }
-            let mut joined = AlignedBuf::for_overwrite(run.len_bytes);
-            crate::copy_count::copied(run.len_bytes);
-            let mut at = 0;
-            for b in &run.bufs {
-                joined.as_mut_slice()[at..at + b.len()].copy_from_slice(b.as_slice());
-                at += b.len();
-            }
-            MemberWrite { role: run.role, member_sector: run.member_sector, buf: joined }
-        })
-        .collect()
+    out
 }

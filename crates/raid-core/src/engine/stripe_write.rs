@@ -15,6 +15,7 @@
 
 use futures::future::join_all;
 
+use super::block_buf::BlockBuf;
 use super::stripe_compute::{compute_job, concat_runs};
 use super::stripe_plan::{Mode, Segment, StripeWrite, choose_mode, segments, stripe_writes};
 use super::stripe_read::block_role;
@@ -25,11 +26,12 @@ use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::geometry::StripeLayout;
 use crate::member::Member;
+use crate::payload::Payload;
 
 /// Where the new data of a write comes from.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) enum WriteSource<'a> {
-    Data(&'a [u8]),
+    Data(Payload<'a>),
     Zeros,
 }
 
@@ -37,7 +39,7 @@ pub(crate) enum WriteSource<'a> {
 pub(crate) struct MemberWrite {
     pub role: usize,
     pub member_sector: u64,
-    pub buf: AlignedBuf,
+    pub buf: BlockBuf,
 }
 
 /// One segment of one stripe being written, as planned.
@@ -73,7 +75,7 @@ pub(crate) struct ComputedJob {
     pub mode: Mode,
     /// The new contents of every block it writes, in block order (data, P, Q), also for
     /// roles that take no writes now.
-    pub blocks: Vec<(usize, AlignedBuf)>,
+    pub blocks: Vec<(usize, BlockBuf)>,
     /// The XOR of the data blocks it does not write, when asked for and it writes P.
     pub partial_parity: Option<AlignedBuf>,
 }
@@ -105,8 +107,8 @@ impl<M: Member + ?Sized> Array<M> {
     ) -> Result<()> {
         let stripes = self.stripes_of(layout, start_sector, sectors);
         let _guards = self.locks.lock_all(stripes).await;
-        if let Some((start, buf)) = self.widen_to_pages(layout, start_sector, sectors, src).await? {
-            return self.write_striped_locked(layout, start, buf.as_slice(), fua).await;
+        if let Some((start, buf)) = self.widen_to_pages(layout, start_sector, sectors, &src).await? {
+            return self.write_striped_locked(layout, start, buf.as_slice().into(), fua).await;
         }
         let pg = layout.parity().expect("a parity layout");
         let writes = stripe_writes(start_sector, sectors, pg.chunk_sectors(), pg.data_disks());
@@ -121,7 +123,7 @@ impl<M: Member + ?Sized> Array<M> {
         layout: &Layout,
         start: u64,
         sectors: u64,
-        src: WriteSource<'_>,
+        src: &WriteSource<'_>,
     ) -> Result<Option<(u64, AlignedBuf)>> {
         let end = start + sectors;
         let Some(page) = self.write_rules().page_sectors else { return Ok(None) };
@@ -149,7 +151,7 @@ impl<M: Member + ?Sized> Array<M> {
         match src {
             WriteSource::Data(data) => {
                 crate::copy_count::copied(len);
-                buf.as_mut_slice()[off..off + len].copy_from_slice(data)
+                data.copy_to(&mut buf.as_mut_slice()[off..off + len])
             }
             WriteSource::Zeros => buf.as_mut_slice()[off..off + len].fill(0),
         }
@@ -168,14 +170,16 @@ impl<M: Member + ?Sized> Array<M> {
         &self,
         layout: &Layout,
         start_sector: u64,
-        data: &[u8],
+        data: Payload<'_>,
         fua: bool,
     ) -> Result<()> {
         let pg = layout.parity().expect("a parity layout");
         let sectors = data.len() as u64 / SECTOR_BYTES;
-        if let Some((start, buf)) = self.widen_to_pages(layout, start_sector, sectors, WriteSource::Data(data)).await? {
+        if let Some((start, buf)) =
+            self.widen_to_pages(layout, start_sector, sectors, &WriteSource::Data(data.clone())).await?
+        {
             let writes = stripe_writes(start, buf.len() as u64 / SECTOR_BYTES, pg.chunk_sectors(), pg.data_disks());
-            return self.write_stripes_locked(layout, &writes, WriteSource::Data(buf.as_slice()), fua).await;
+            return self.write_stripes_locked(layout, &writes, WriteSource::Data(buf.as_slice().into()), fua).await;
         }
         let writes = stripe_writes(start_sector, sectors, pg.chunk_sectors(), pg.data_disks());
         self.write_stripes_locked(layout, &writes, WriteSource::Data(data), fua).await
@@ -206,7 +210,7 @@ impl<M: Member + ?Sized> Array<M> {
                 true => jobs.iter().flat_map(|job| self.rewritten(job, &stripe_layouts[job.write])).collect(),
                 false => Vec::new(),
             };
-            let work = StripeWork { layout, stripe_layouts: &stripe_layouts, jobs, src, writes };
+            let work = StripeWork { layout, stripe_layouts: &stripe_layouts, jobs, src: src.clone(), writes };
             match self.write_hole.write(self, work, fua).await? {
                 Written::ReadFailed => continue,
                 Written::Done => {
@@ -259,7 +263,7 @@ impl<M: Member + ?Sized> Array<M> {
             .map(|job| {
                 let (write, sl) = (&writes[job.write], &stripe_layouts[job.write]);
                 let want_pp = partial_parity && self.members.slots()[sl.p_role].is_writable();
-                compute_job(job, write, sl, np, src, want_pp)
+                compute_job(job, write, sl, np, src.clone(), want_pp)
             })
             .collect();
         Ok(Some(computed))
@@ -282,10 +286,17 @@ impl<M: Member + ?Sized> Array<M> {
     /// write failed.
     pub(super) async fn write_runs(&self, writes: Vec<MemberWrite>, fua: bool) {
         let runs = concat_runs(writes);
-        let results = join_all(
-            runs.into_iter()
-                .map(|w| async move { (w.role, self.write_member(w.role, w.member_sector, w.buf, fua).await) }),
-        )
+        let results = join_all(runs.into_iter().map(|mut run| async move {
+            let written = match (run.bufs.len(), run.bufs.pop()) {
+                (1, Some(BlockBuf::Owned(buf))) => self.write_member(run.role, run.member_sector, buf, fua).await,
+                (_, last) => {
+                    // Several buffers, or the client's shared bytes: one gathering write.
+                    let pieces = run.bufs.into_iter().chain(last).map(|b| Payload::Shared(b.into_bytes())).collect();
+                    self.write_member_pieces(run.role, run.member_sector, pieces, fua).await
+                }
+            };
+            (run.role, written)
+        }))
         .await;
         for (role, res) in results {
             if let Err(e) = res {
@@ -428,6 +439,6 @@ mod tests {
             .collect();
         let array = ArrayBuilder::new(geometry, members).build().unwrap();
         let layout = array.layout();
-        block_on(array.write_striped_locked(&layout, 0, &[7; 4096], false)).unwrap();
+        block_on(array.write_striped_locked(&layout, 0, [7; 4096].as_slice().into(), false)).unwrap();
     }
 }

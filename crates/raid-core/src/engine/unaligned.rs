@@ -18,6 +18,7 @@ use crate::SECTOR_BYTES;
 use crate::buf::AlignedBuf;
 use crate::error::{ErrorKind, RaidError, Result};
 use crate::member::Member;
+use crate::payload::Payload;
 
 impl<M: Member + ?Sized> Array<M> {
     /// Writes `data` at `offset_bytes`, neither of which needs to be a multiple of 512;
@@ -73,7 +74,7 @@ impl<M: Member + ?Sized> Array<M> {
             }
             let from = (first_whole * SECTOR_BYTES - offset_bytes) as usize;
             let to = (last_whole * SECTOR_BYTES - offset_bytes) as usize;
-            self.write_sectors(first_whole, &data[from..to], fua).await
+            self.write_sectors(first_whole, Payload::Borrowed(&data[from..to]), fua).await
         };
         let (h, m, t) = futures::join!(head_write, middle_write, tail_write);
         h.and(m).and(t)
@@ -94,19 +95,20 @@ impl<M: Member + ?Sized> Array<M> {
         buf.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
         crate::copy_count::copied(bytes.len());
         match DataPath::of(layout) {
-            DataPath::Striped => self.write_striped_locked(layout, sector, buf.as_slice(), fua).await,
-            DataPath::Mirrored => self.write_mirrored_locked(layout, sector, buf.as_slice(), fua).await,
+            DataPath::Striped => self.write_striped_locked(layout, sector, buf.as_slice().into(), fua).await,
+            DataPath::Mirrored => self.write_mirrored_locked(layout, sector, buf.as_slice().into(), fua).await,
         }
     }
 
     /// Whole sectors by the data path of each part's layout (inside an entered write, the
     /// array marked dirty).
-    pub(super) async fn write_sectors(&self, start_sector: u64, data: &[u8], fua: bool) -> Result<()> {
+    pub(super) async fn write_sectors(&self, start_sector: u64, data: Payload<'_>, fua: bool) -> Result<()> {
         let entered = self.shape.enter(start_sector, data.len() as u64 / SECTOR_BYTES).await?;
         match &entered.parts {
             Parts::One(part) => self.write_part(part, data, fua).await,
             Parts::Two(a, b) => {
-                let (first, second) = data.split_at((a.sectors * SECTOR_BYTES) as usize);
+                let at = (a.sectors * SECTOR_BYTES) as usize;
+                let (first, second) = (data.slice(0..at), data.slice(at..data.len()));
                 let (a, b) = futures::join!(self.write_part(a, first, fua), self.write_part(b, second, fua));
                 a.and(b)
             }
@@ -114,7 +116,7 @@ impl<M: Member + ?Sized> Array<M> {
     }
 
     /// Writes one part of a request, in its layout.
-    pub(super) async fn write_part(&self, part: &Part, data: &[u8], fua: bool) -> Result<()> {
+    pub(super) async fn write_part(&self, part: &Part, data: Payload<'_>, fua: bool) -> Result<()> {
         match DataPath::of(&part.layout) {
             DataPath::Striped => {
                 self.write_striped(&part.layout, part.start, part.sectors, WriteSource::Data(data), fua).await

@@ -347,6 +347,10 @@ impl<M: Member> Member for IntegrityMember<M> {
         self.inner.alignment()
     }
 
+    fn memory_alignment(&self) -> usize {
+        self.inner.memory_alignment()
+    }
+
     fn read_at(&self, offset_bytes: u64, buf: AlignedBuf) -> IoFuture<'_, BufResult> {
         let len = buf.len() as u64;
         if let Err(e) = check_range(self.name(), self.len_bytes(), offset_bytes, len) {

@@ -110,6 +110,15 @@ pub fn compute_parity(blocks: &mut [&mut [u8]], kinds: &[BlockKind]) {
     ParityImpl::best().compute_parity(blocks, kinds)
 }
 
+/// [`compute_parity`] from data blocks borrowed apart from P and Q (which are stored):
+/// `data[i]` has Q coefficient g^`exponents[i]`.
+///
+/// # Panics
+/// If the lengths differ or there are more than [`MAX_DATA_BLOCKS`] data blocks.
+pub fn compute_parity_split(data: &[&[u8]], exponents: &[u8], p: &mut [u8], q: Option<&mut [u8]>) {
+    ParityImpl::best().compute_parity_split(data, exponents, p, q)
+}
+
 /// Rebuilds the blocks at indexes `missing` (at most 1 without Q, at most 2 with Q) from
 /// the others, in place. Returns false (and changes nothing) if that is impossible: too many
 /// missing, an index out of range or repeated, or two lost data blocks with equal exponents

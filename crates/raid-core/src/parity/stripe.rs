@@ -133,6 +133,30 @@ impl ParityImpl {
         unsafe { syndrome::run(self, &job) };
     }
 
+    /// [`compute_parity`](Self::compute_parity) from data blocks borrowed apart from the
+    /// parity blocks (a client's shared buffer, which is never written): `data[i]` has Q
+    /// coefficient g^`exponents[i]`; P, and Q if given, are stored.
+    ///
+    /// # Panics
+    /// If the lengths differ, there are more than [`MAX_DATA_BLOCKS`] data blocks, or the
+    /// implementation is not available.
+    pub fn compute_parity_split(self, data: &[&[u8]], exponents: &[u8], p: &mut [u8], q: Option<&mut [u8]>) {
+        assert_eq!(data.len(), exponents.len(), "parity: one exponent per data block");
+        assert!(data.len() <= MAX_DATA_BLOCKS, "parity: more than {MAX_DATA_BLOCKS} data blocks");
+        let lens = data.iter().map(|block| block.len()).chain([p.len()]).chain(q.as_ref().map(|q| q.len()));
+        let len_bytes = common_len(lens);
+        self.assert_available();
+        let mut order = HornerOrder::new();
+        for (block, &exponent) in data.iter().zip(exponents) {
+            order.push(block.as_ptr(), exponent);
+        }
+        let q = q.map_or(std::ptr::null_mut(), |q| q.as_mut_ptr());
+        let job = order.job(len_bytes, Finish::Store { p: p.as_mut_ptr(), q });
+        // SAFETY: available (asserted); every block is valid for len_bytes (common_len); P and
+        // Q are &mut slices, so they overlap neither each other nor any (shared) data block.
+        unsafe { syndrome::run(self, &job) };
+    }
+
     /// Whether P (and Q, if the stripe has one) agree with the data. One pass, no allocation.
     ///
     /// # Panics
