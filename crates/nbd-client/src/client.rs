@@ -32,7 +32,7 @@ use crate::handshake::{ExportDetails, greet, negotiate, start_tls};
 use crate::replies::read_replies;
 use crate::sender::{Outgoing, send_requests};
 use crate::shared::{Closed, Shared};
-use crate::waiter::{Answer, Expect, Waiter};
+use crate::waiter::{Answer, Expect, ReadBuffer, Waiter};
 
 /// Limits of one connection.
 #[derive(Debug, Clone)]
@@ -171,8 +171,16 @@ impl Client {
 
     /// Reads `len` bytes at `offset`.
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
-        match self.request(cmd::READ, 0, offset, len, Vec::new()).await? {
-            Answer::Data(data) => Ok(data),
+        self.read_into(offset, vec![0u8; len as usize]).await
+    }
+
+    /// Reads `buf.bytes().len()` bytes at `offset` straight into `buf` (received in place, no
+    /// copy), which comes back filled; on an error it is dropped.
+    pub async fn read_into<B: ReadBuffer>(&self, offset: u64, buf: B) -> Result<B> {
+        let len = buf.bytes().len();
+        let len = u32::try_from(len).map_err(|_| self.invalid(format!("a read of {len} bytes")))?;
+        match self.request_into(cmd::READ, 0, offset, len, Vec::new(), Some(Box::new(buf))).await? {
+            Answer::Data(data) => Ok(*data.into_any().downcast::<B>().expect("the buffer lent comes back")),
             other => unreachable!("a READ answers with data, not {other:?}"),
         }
     }
@@ -267,6 +275,19 @@ impl Client {
     }
 
     async fn request(&self, command: u16, flags: u16, offset: u64, len: u32, payload: Vec<Bytes>) -> Result<Answer> {
+        self.request_into(command, flags, offset, len, payload, None).await
+    }
+
+    /// [`request`](Self::request), a READ received into `read_into` if given.
+    async fn request_into(
+        &self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: Vec<Bytes>,
+        read_into: Option<Box<dyn ReadBuffer>>,
+    ) -> Result<Answer> {
         let d = &self.details;
         let name = command_name(command);
         let end = offset.checked_add(u64::from(len));
@@ -302,7 +323,7 @@ impl Client {
                 (cmd::BLOCK_STATUS, Some(context)) => Expect::Status(context),
                 _ => Expect::Nothing,
             };
-            w.by_cookie.insert(cookie, Waiter::new(name, offset, len, expect, tx, Some(permit)));
+            w.by_cookie.insert(cookie, Waiter::new(name, offset, len, expect, tx, Some(permit), read_into));
             cookie
         };
         let header = RequestHeader { flags, command, cookie, offset, length: len.into() };

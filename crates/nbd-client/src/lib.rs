@@ -45,3 +45,4 @@ pub use client::{Client, ClientConfig};
 pub use error::{ClientError, Result};
 pub use handoff::{Handoff, handoff};
 pub use handshake::ExportDetails;
+pub use waiter::ReadBuffer;

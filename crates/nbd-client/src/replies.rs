@@ -100,7 +100,7 @@ pub(crate) async fn reply_loop<R: AsyncRead + Unpin>(
                 if errno != 0 {
                     waiter.error = Some((errno, String::new()));
                 } else if let Some((data, ranges)) = &mut waiter.read {
-                    if let Err(e) = reader.read_exact(data).await {
+                    if let Err(e) = reader.read_exact(data.bytes_mut()).await {
                         put_back(shared, cookie, waiter);
                         return Err(e.into());
                     }
@@ -199,7 +199,7 @@ async fn chunk_into<R: AsyncRead + Unpin>(
             reader.read_exact(&mut offset).await?;
             let range = waiter.cover(u64::from_be_bytes(offset), n)?;
             let (data, _) = waiter.read.as_mut().expect("covered only for reads");
-            reader.read_exact(&mut data[range]).await?;
+            reader.read_exact(&mut data.bytes_mut()[range]).await?;
         }
         reply_type::OFFSET_HOLE => {
             if len != 12 {
@@ -210,7 +210,7 @@ async fn chunk_into<R: AsyncRead + Unpin>(
             let (offset, n) = decode_offset_hole(&payload).map_err(|e| e.to_string())?;
             let range = waiter.cover(offset, n)?;
             let (data, _) = waiter.read.as_mut().expect("covered only for reads");
-            data[range].fill(0);
+            data.bytes_mut()[range].fill(0);
         }
         reply_type::BLOCK_STATUS if !framing.extended() => block_status(reader, waiter, len, false).await?,
         reply_type::BLOCK_STATUS_EXT if framing.extended() => block_status(reader, waiter, len, true).await?,

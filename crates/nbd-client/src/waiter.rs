@@ -8,23 +8,72 @@
 //! exactly (unless the server sent an error), so a READ never returns a byte the server did
 //! not send for that offset. A broken rule is a [`Violation`], which ends the connection.
 
+use std::any::Any;
+use std::fmt;
+
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::error::{ClientError, Result};
 
+/// Memory a READ's data is received into, lent by the caller ([`Client::read_into`]) so that
+/// the data lands where it is used: no zero-filled buffer first, no copy after. Whatever it
+/// holds before is overwritten completely before it is handed back; on an error it is
+/// dropped.
+///
+/// [`Client::read_into`]: crate::Client::read_into
+pub trait ReadBuffer: Send + 'static {
+    /// The bytes to fill: exactly the READ's length.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    fn bytes(&self) -> &[u8];
+    /// For handing the caller's own type back.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+impl ReadBuffer for Vec<u8> {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
 /// A READ's data so far, and the ranges of it received (relative to the request).
-pub(crate) type ReadSoFar = (Vec<u8>, Vec<(u32, u32)>);
+pub(crate) type ReadSoFar = (Box<dyn ReadBuffer>, Vec<(u32, u32)>);
 
 /// What a request's waiter receives.
 pub(crate) type ReplyResult = Result<Answer>;
 
 /// A successful reply: a READ's data, a BLOCK_STATUS's extents, or just "done".
-#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
     Done,
-    Data(Vec<u8>),
+    Data(Box<dyn ReadBuffer>),
     /// (length, NBD_STATE_* flags) from the request's offset on.
     Status(Vec<(u32, u32)>),
+}
+
+impl PartialEq for Answer {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Answer::Done, Answer::Done) => true,
+            (Answer::Data(a), Answer::Data(b)) => a.bytes() == b.bytes(),
+            (Answer::Status(a), Answer::Status(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Debug for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Answer::Done => write!(f, "Done"),
+            Answer::Data(data) => write!(f, "Data({} bytes)", data.bytes().len()),
+            Answer::Status(extents) => write!(f, "Status({extents:?})"),
+        }
+    }
 }
 
 /// What a request expects besides "done".
@@ -65,8 +114,14 @@ impl Waiter {
         expect: Expect,
         tx: oneshot::Sender<ReplyResult>,
         permit: Option<OwnedSemaphorePermit>,
+        read_into: Option<Box<dyn ReadBuffer>>,
     ) -> Self {
-        let read = (expect == Expect::Data).then(|| (vec![0u8; len as usize], Vec::new()));
+        // A READ receives into the caller's buffer, else a zero-filled one of its own.
+        let read = (expect == Expect::Data).then(|| {
+            let buf = read_into.unwrap_or_else(|| Box::new(vec![0u8; len as usize]));
+            assert_eq!(buf.bytes().len(), len as usize, "a READ's buffer is its length");
+            (buf, Vec::new())
+        });
         let status = match expect {
             Expect::Status(context) => Some((context, None)),
             _ => None,

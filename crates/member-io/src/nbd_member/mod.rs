@@ -569,6 +569,21 @@ fn touches_identity(offset: u64, len: usize) -> bool {
     offset < identity::IDENTITY.end && offset + len as u64 > identity::IDENTITY.start
 }
 
+/// A member read's buffer, lent to nbd-client to receive the data in place.
+struct MemberBuf(AlignedBuf);
+
+impl nbd_client::ReadBuffer for MemberBuf {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+    fn bytes(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
+
 impl Member for NbdMember {
     fn name(&self) -> &str {
         &self.name
@@ -591,6 +606,22 @@ impl Member for NbdMember {
             let len = buf.len() as u64;
             if let Err(e) = self.check(offset_bytes, len) {
                 return (Err(e), buf);
+            }
+            if len <= self.piece_bytes {
+                // One request, received straight into a buffer of its own (each attempt a
+                // fresh one: a timed-out attempt's reply may still be landing in the last).
+                let read = self
+                    .run(|client| async move {
+                        client.read_into(offset_bytes, MemberBuf(AlignedBuf::for_overwrite(len as usize))).await
+                    })
+                    .await;
+                return match read {
+                    Ok(MemberBuf(data)) => {
+                        lock(&self.identity).seen(offset_bytes, data.as_slice());
+                        (Ok(()), data)
+                    }
+                    Err(e) => (Err(e), buf),
+                };
             }
             let mut at = 0;
             while at < len {
