@@ -16,7 +16,18 @@
 #        TLS=1 OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (both servers also offer TLS
 #            (--tls on, X.509 from tests/make-pki.sh); fio also runs over nbds:// against each:
 #            four servers in the rotation, ours-tls and nbdkit-tls beside the plaintext two)
-# Needs: fio, nbdkit (Debian packages fio, nbdkit), /usr/bin/python3, cargo; gnutls-bin for TLS=1.
+#        OURS=raidnbd LEVEL=0 MEMBERS=4 ROUNDS=3 RUNTIME=6 crates/nbd-server/bench/vs-nbdkit.sh
+#            (raidnbd serves an array of MEMBERS member files, each SIZE, on /dev/shm beside IMG
+#            (IMG, IMG.1, IMG.2, ...), made with `raidnbd create --level LEVEL --chunk CHUNK`;
+#            nbdkit still serves the one file IMG: the baseline cost of serving one volume.
+#            LEVEL: linear (default), 0, 1, 4, 5, 6, 10; MEMBERS: default 1; CHUNK: default 64K,
+#            ignored for linear and raid1. fio covers 95 % of one member on both servers.)
+#        BUILD=0 OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (no cargo build: use the binary
+#            already in $CARGO_TARGET_DIR/release)
+# Besides the IOPS ratios, the report gives the ratio of the servers' CPU per operation
+# (cpu/op ours/nbdkit, from the medians over rounds) and, for 1 MiB workloads, per MiB.
+# Needs: fio, nbdkit (Debian packages fio, nbdkit), /usr/bin/python3, cargo; gnutls-bin for TLS=1;
+# nbdinfo (libnbd-bin) for MEMBERS>1 or LEVEL other than linear.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -30,6 +41,10 @@ JOBS=${JOBS:-1}
 NULL=${NULL:-0}
 NULL_PORT=${NULL_PORT:-10913}
 IMG=${IMG:-/dev/shm/nbd-bench.img}
+LEVEL=${LEVEL:-linear}   # OURS=raidnbd only: the array's RAID level,
+MEMBERS=${MEMBERS:-1}    # its number of members (IMG, IMG.1, IMG.2, ...)
+CHUNK=${CHUNK:-64K}      # and its chunk size (not for linear or raid1)
+BUILD=${BUILD:-1}        # 0: use the binaries already built, no cargo
 OURS_PORT=${OURS_PORT:-10911}
 NBDKIT_PORT=${NBDKIT_PORT:-10912}
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -41,15 +56,29 @@ done
 
 case $OURS in
 serve_file)
-    echo "building serve_file (release)..." >&2
-    cargo build --release --quiet -p nbd-server --example serve_file --manifest-path "$ROOT/Cargo.toml"
+    if [[ $BUILD != 0 ]]; then
+        echo "building serve_file (release)..." >&2
+        cargo build --release --quiet -p nbd-server --example serve_file --manifest-path "$ROOT/Cargo.toml"
+    fi
     ;;
 raidnbd)
-    echo "building raidnbd (release)..." >&2
-    cargo build --release --quiet --bin raidnbd --manifest-path "$ROOT/Cargo.toml"
+    if [[ $BUILD != 0 ]]; then
+        echo "building raidnbd (release)..." >&2
+        cargo build --release --quiet --bin raidnbd --manifest-path "$ROOT/Cargo.toml"
+    fi
     ;;
 *) echo "OURS must be serve_file or raidnbd" >&2; exit 1 ;;
 esac
+
+# The member files: IMG alone (a linear array of one member, as before), or IMG, IMG.1, ...
+MEMBER_FILES=("$IMG")
+ARRAY=0 # 1: MEMBERS>1 or LEVEL other than linear
+if [[ $MEMBERS != 1 || $LEVEL != linear ]]; then
+    [[ $OURS == raidnbd ]] || { echo "LEVEL and MEMBERS need OURS=raidnbd" >&2; exit 1; }
+    command -v nbdinfo >/dev/null || { echo "missing nbdinfo: apt-get install libnbd-bin" >&2; exit 1; }
+    ARRAY=1
+    for i in $(seq 1 $((MEMBERS - 1))); do MEMBER_FILES+=("$IMG.$i"); done
+fi
 
 WORK=$(mktemp -d)
 cleanup() {
@@ -57,12 +86,14 @@ cleanup() {
     [[ -f $WORK/nbdkit.pid ]] && kill "$(cat "$WORK/nbdkit.pid")" 2>/dev/null || true
     [[ -f $WORK/null.pid ]] && kill "$(cat "$WORK/null.pid")" 2>/dev/null || true
     wait 2>/dev/null || true
-    rm -rf "$WORK" "$IMG"
+    rm -rf "$WORK" "${MEMBER_FILES[@]}"
 }
 trap cleanup EXIT
 
-echo "filling $IMG ($SIZE) with random data..." >&2
-fio --name=fill --filename="$IMG" --rw=write --bs=1m --size="$SIZE" --refill_buffers --output=/dev/null
+for member in "${MEMBER_FILES[@]}"; do
+    echo "filling $member ($SIZE) with random data..." >&2
+    fio --name=fill --filename="$member" --rw=write --bs=1m --size="$SIZE" --refill_buffers --output=/dev/null
+done
 
 OURS_TLS=() NBDKIT_TLS=() SERVERS=(ours nbdkit)
 if [[ $TLS == 1 ]]; then
@@ -80,10 +111,14 @@ fi
 FIO_SIZE=$SIZE
 if [[ $OURS == raidnbd ]]; then
     FIO_SIZE=95%
-    "$CARGO_TARGET_DIR/release/raidnbd" create --level linear --force "$IMG" >"$WORK/create.log" 2>&1
+    CHUNK_ARGS=()
+    [[ $LEVEL == linear || $LEVEL == 1 || $LEVEL == raid1 || $LEVEL == mirror ]] || CHUNK_ARGS=(--chunk "$CHUNK")
+    "$CARGO_TARGET_DIR/release/raidnbd" create --level "$LEVEL" "${CHUNK_ARGS[@]}" --force "${MEMBER_FILES[@]}" \
+        >"$WORK/create.log" 2>&1 || { cat "$WORK/create.log" >&2; exit 1; }
+    mkdir -p "$WORK/state"
     # shellcheck disable=SC2086
-    "$CARGO_TARGET_DIR/release/raidnbd" serve "$IMG" --listen "127.0.0.1:$OURS_PORT" "${OURS_TLS[@]}" $OURS_ARGS \
-        >"$WORK/ours.log" 2>&1 &
+    STATE_DIRECTORY=$WORK/state "$CARGO_TARGET_DIR/release/raidnbd" serve "${MEMBER_FILES[@]}" \
+        --listen "127.0.0.1:$OURS_PORT" "${OURS_TLS[@]}" $OURS_ARGS >"$WORK/ours.log" 2>&1 &
 else
     # shellcheck disable=SC2086
     "$CARGO_TARGET_DIR/release/examples/serve_file" --file "$IMG" --listen "127.0.0.1:$OURS_PORT" $OURS_ARGS \
@@ -101,6 +136,16 @@ for _ in $(seq 50); do
         && { [[ $NULL == 0 ]] || [[ -s $WORK/null.pid ]]; } && break
     sleep 0.1
 done
+
+if [[ $ARRAY == 1 ]]; then
+    # The array differs in size from nbdkit's one file: both cover the same span, 95 % of the
+    # smaller export (of one member, but for arrays smaller than it), in whole MiB.
+    member_bytes=$(stat -c %s "$IMG")
+    array_bytes=$(nbdinfo --size "nbd://127.0.0.1:$OURS_PORT/")
+    smaller=$((array_bytes < member_bytes ? array_bytes : member_bytes))
+    FIO_SIZE=$((smaller * 95 / 100 / 1048576))m
+    echo "level $LEVEL x $MEMBERS members: array $array_bytes bytes, member $member_bytes; fio covers $FIO_SIZE" >&2
+fi
 
 # name  fio-arguments
 WORKLOADS=(
@@ -171,7 +216,7 @@ rows = [line.split() for line in open(sys.argv[1])]
 names = list(dict.fromkeys(r[1] for r in rows))
 servers = list(dict.fromkeys(r[2] for r in rows))
 runtime = float(sys.argv[2]) + 1  # fio ramp time is 1 s
-print(f"{'workload':<20} {'server':<11} {'IOPS':>9} {'MB/s':>7} {'CPU us/op':>10} {'fio CPU %/job':>14}")
+print(f"{'workload':<20} {'server':<11} {'IOPS':>9} {'MB/s':>7} {'CPU us/op':>10} {'CPU us/MiB':>11} {'fio CPU %/job':>14}")
 ratios = []
 for name in names:
     med = {}
@@ -181,15 +226,23 @@ for name in names:
         bw = statistics.median(float(r[4]) for r in sel)
         # CPU per operation: server CPU seconds over the operations of the whole run.
         cpu = statistics.median(float(r[6]) / (float(r[3]) * runtime) * 1e6 for r in sel)
+        # CPU per MiB moved: the same over the bytes of the whole run.
+        cpu_mib = statistics.median(float(r[6]) / (float(r[4]) * runtime / 2**20) * 1e6 for r in sel)
         client_cpu = statistics.median(float(r[5]) for r in sel)
-        med[server] = (iops, bw, cpu)
-        print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f} {client_cpu:>14.0f}")
+        med[server] = (iops, bw, cpu, cpu_mib)
+        print(f"{name:<20} {server:<11} {iops:>9.0f} {bw / 1e6:>7.0f} {cpu:>10.1f} {cpu_mib:>11.1f} {client_cpu:>14.0f}")
     pairs = [("ours", "nbdkit")]
     if "null" in med:
         pairs.append(("ours", "null"))
     if "ours-tls" in med:
         pairs += [("ours-tls", "nbdkit-tls"), ("ours-tls", "ours")]
     ratios.append(f"{name:<20} " + "  ".join(f"{a}/{b} {med[a][0] / med[b][0]:.2f}" for a, b in pairs))
+    # Server CPU, ours over nbdkit's (null does no I/O: no CPU ratio with it).
+    cpu_pairs = [p for p in pairs if "null" not in p]
+    line = "  ".join(f"cpu/op {a}/{b} {med[a][2] / med[b][2]:.2f}" for a, b in cpu_pairs)
+    if "-1m-" in name:
+        line += "  " + "  ".join(f"cpu/MiB {a}/{b} {med[a][3] / med[b][3]:.2f}" for a, b in cpu_pairs)
+    ratios.append(f"{'':<20} {line}")
     # Each round's ours/nbdkit, to see the spread.
     per_round = []
     for rnd in sorted({r[0] for r in rows}, key=int):
@@ -201,5 +254,5 @@ print()
 print("\n".join(ratios))
 rounds = len(rows) // (len(servers) * len(names))
 jobs = sys.argv[3]
-print(f"ratios of IOPS (median of {rounds} alternated rounds; {jobs} connection(s) per server)")
+print(f"ratios of IOPS and of server CPU (medians of {rounds} alternated rounds; {jobs} connection(s) per server)")
 EOF
