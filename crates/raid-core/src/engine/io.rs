@@ -123,10 +123,12 @@ impl<M: Member + ?Sized> Array<M> {
         let slot = &self.members.slots()[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         if let Some(replacement) = slot.replacement() {
-            let copy = buf.clone();
+            // Both legs write the one buffer, shared (not copied).
+            let shared = vec![Bytes::from_owner(buf)];
+            let offset = |device: &Device<M>| device.data_offset_bytes + member_sector * SECTOR_BYTES;
             let (primary, second) = futures::join!(
-                write_device(&device, member_sector, buf, fua),
-                write_device(&replacement.device, member_sector, copy, fua)
+                device.member.write_shared_at(offset(&device), shared.clone(), fua),
+                replacement.device.member.write_shared_at(offset(&replacement.device), shared, fua)
             );
             if let Err(e) = second {
                 self.replacement_failed(role, &replacement, &e).await;
