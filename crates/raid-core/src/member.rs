@@ -66,7 +66,7 @@ pub trait Member: Send + Sync {
         512
     }
 
-    /// Alignment (bytes, power of two) of the *addresses* this member writes from in place
+    /// Alignment (bytes, power of two, at most 4096) of the *addresses* this member writes from in place
     /// (O_DIRECT's memory alignment; 1 where any address goes). The engine copies a shared
     /// payload that misses it once, before its member writes, rather than have each member
     /// copy its own leg.

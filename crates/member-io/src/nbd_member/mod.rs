@@ -648,18 +648,11 @@ impl Member for NbdMember {
     }
 
     fn write_slice_at<'a>(&'a self, offset_bytes: u64, data: &'a [u8], fua: bool) -> IoFuture<'a, io::Result<()>> {
+        // One copy into shared bytes; `write_shared_at` splits it into requests.
         Box::pin(async move {
-            let len = data.len() as u64;
-            self.check(offset_bytes, len)?;
-            let mut at = 0;
-            while at < len {
-                let n = (len - at).min(self.piece_bytes);
-                let piece = Bytes::copy_from_slice(&data[at as usize..(at + n) as usize]);
-                raid_core::copy_count::copied(n as usize);
-                self.write_piece(offset_bytes + at, vec![piece], fua).await?;
-                at += n;
-            }
-            Ok(())
+            self.check(offset_bytes, data.len() as u64)?;
+            raid_core::copy_count::copied(data.len());
+            self.write_shared_at(offset_bytes, vec![Bytes::copy_from_slice(data)], fua).await
         })
     }
 

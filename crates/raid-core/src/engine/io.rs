@@ -153,8 +153,10 @@ impl<M: Member + ?Sized> Array<M> {
         let slot = &self.members.slots()[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
         let offset = |device: &Device<M>| device.data_offset_bytes + member_sector * SECTOR_BYTES;
-        let shared: Option<Vec<Bytes>> =
-            pieces.iter().map(Payload::shared_pieces).collect::<Option<Vec<_>>>().map(|p| p.concat());
+        let shared: Option<Vec<Bytes>> = pieces.iter().try_fold(Vec::new(), |mut all, p| {
+            all.extend(p.shared_pieces()?);
+            Some(all)
+        });
         let replacement = slot.replacement();
         match (shared, pieces.as_slice(), replacement) {
             (Some(shared), _, None) => device.member.write_shared_at(offset(&device), shared, fua).await,

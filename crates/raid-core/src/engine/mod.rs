@@ -274,7 +274,12 @@ impl<M: Member + ?Sized> Array<M> {
     /// (a mirror's copies, a raid0's chunks), none copies it where the members can write
     /// shared bytes in place (`Member::write_shared_at`).
     pub async fn write_shared(&self, offset_bytes: u64, data: Bytes, fua: bool) -> Result<()> {
-        let data = match (data.as_ptr() as usize).is_multiple_of(self.members_memory_alignment()) {
+        // A page-aligned payload suits every member (memory alignment is at most a page):
+        // the members are asked only about others.
+        let address = data.as_ptr() as usize;
+        let aligned =
+            address.is_multiple_of(crate::buf::BUF_ALIGN) || address.is_multiple_of(self.members_memory_alignment());
+        let data = match aligned {
             true => data,
             // Copied once here, not once per member leg.
             false => {
