@@ -261,3 +261,25 @@ pub fn fio_verify(uri: &str, offset: &str, size: &str, args: &[&str]) -> Command
     fio.args(args);
     fio
 }
+
+/// Asserts `got == want`, naming the differing byte ranges (at most 8, and whether `got`
+/// holds zeros there) instead of printing both buffers.
+#[track_caller]
+pub fn assert_same_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got == want {
+        return;
+    }
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for i in (0..got.len().min(want.len())).filter(|&i| got[i] != want[i]) {
+        match ranges.last_mut() {
+            Some((_, end)) if *end == i => *end = i + 1,
+            _ => ranges.push((i, i + 1)),
+        }
+    }
+    let shown: Vec<String> = ranges
+        .iter()
+        .take(8)
+        .map(|&(s, e)| format!("{s}..{e} ({} bytes, zeros: {})", e - s, got[s..e].iter().all(|&b| b == 0)))
+        .collect();
+    panic!("{what}: {} vs {} bytes, {} differing ranges: {}", got.len(), want.len(), ranges.len(), shown.join(", "));
+}

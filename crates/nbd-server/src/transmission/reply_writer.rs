@@ -209,5 +209,45 @@ async fn write_replies<W: ReplySink>(
         "the batch's pieces cover its replies exactly"
     );
     write_all_vectored(writer, &mut slices).await?;
+    // A TLS session may hold the last records of the batch (the socket was full when they
+    // were sealed): pushed out now, not with the next batch the client may never ask for.
+    writer.flush().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use tokio::io::AsyncReadExt;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::protocol::framing::{Framing, ReplyTo};
+    use crate::send_file::SendFilePolicy;
+
+    /// A batch is on the wire when `write_batch` returns, also on a stream that holds written
+    /// bytes until flushed (a TLS session holds its last records when the socket was full;
+    /// here a `BufWriter`): a client waiting for those replies would wait forever.
+    #[tokio::test]
+    async fn a_written_batch_is_flushed() {
+        let (near, mut far) = tokio::io::duplex(1 << 20);
+        let (_, writer) = tokio::io::split(tokio::io::BufWriter::new(near));
+        let slots = Arc::new(Semaphore::new(4));
+        let mut socket = SocketWriter {
+            writer,
+            scratch: Vec::new(),
+            stall_timeout: Duration::from_secs(5),
+            send_file: SendFilePolicy::new(slots.clone(), 4),
+        };
+        let mut reply = Reply::with_capacity(2);
+        reply.push_simple(ReplyTo { framing: Framing::Simple, cookie: 7, offset: 0 }, 0);
+        reply.push_data(Bytes::from(vec![0xa5; 1000]));
+        let want = reply.to_vec();
+        let outgoing = Outgoing { reply, _slot: slots.clone().acquire_owned().await.unwrap(), _bytes: None };
+        write_batch(&mut socket, &[outgoing]).await.unwrap();
+        let mut got = vec![0; want.len()];
+        let read = tokio::time::timeout(Duration::from_secs(5), far.read_exact(&mut got)).await;
+        assert!(read.is_ok(), "the batch's bytes stayed in the writer's buffer");
+        assert_eq!(got, want);
+    }
 }
