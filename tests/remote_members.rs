@@ -693,7 +693,16 @@ fn members_over_tls() {
     run_ok(Command::new("nbdcopy").arg(d.join("payload")).arg(served.uri("tls")).arg("--flush"));
     run_ok(Command::new("nbdcopy").arg(served.uri("tls")).arg(d.join("back")));
     assert!(std::fs::read(d.join("back")).unwrap()[..payload.len()] == payload[..], "bytes over TLS members");
-    served.stop();
+    let log = served.stop();
+    // Every member connection says how its TLS runs: in the kernel where the probe found
+    // kernel TLS (the X.509 members on TCP; PSK runs in OpenSSL), else in user space.
+    let connected: Vec<&str> = log.lines().filter(|l| l.contains("NBD member connected")).collect();
+    assert!(connected.len() >= 4, "{log}");
+    let (kernel, user) = (r#"tls="kernel""#, r#"tls="user space""#);
+    assert!(connected.iter().all(|l| l.contains(kernel) || l.contains(user)), "{log}");
+    if log.contains("kernel TLS unavailable") {
+        assert!(!log.contains(kernel), "{log}");
+    }
     let check: serde_json::Value =
         serde_json::from_str(&assert_ok(&raidnbd(d, &[&["check", "--json"][..], &members].concat()))).unwrap();
     assert_eq!(check["mismatch_cnt"], 0, "{check}");

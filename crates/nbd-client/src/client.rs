@@ -32,6 +32,7 @@ use crate::handshake::{ExportDetails, greet, negotiate, start_tls};
 use crate::replies::read_replies;
 use crate::sender::{Outgoing, send_requests};
 use crate::shared::{Closed, Shared};
+use crate::tls::{Socket, TlsMode};
 use crate::waiter::{Answer, Expect, ReadBuffer, Waiter};
 
 /// Limits of one connection.
@@ -54,41 +55,44 @@ type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
 /// The handshake on a connected socket: plaintext, or (`nbds://`) STARTTLS first. `split`
 /// gives a plaintext socket's own halves (no lock between them, unlike `tokio::io::split`).
-async fn handshake<S>(
+async fn handshake<S: Socket>(
     mut stream: S,
     address: &ExportAddress,
     name: &str,
     split: impl FnOnce(S) -> (Reader, Writer),
-) -> Result<(ExportDetails, Reader, Writer)>
-where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
+) -> Result<Session> {
     if address.tls.is_some() {
         return handshake_tls(stream, address, name).await;
     }
     greet(&mut stream, name).await?;
     let details = negotiate(&mut stream, &address.export, name, Framing::Extended).await?;
-    let (r, w) = split(stream);
-    Ok((details, r, w))
+    let (reader, writer) = split(stream);
+    Ok(Session { details, reader, writer, tls: TlsMode::None })
 }
 
 /// Greeting, STARTTLS, the TLS handshake, then the export's negotiation over TLS.
-async fn handshake_tls<S>(mut stream: S, address: &ExportAddress, name: &str) -> Result<(ExportDetails, Reader, Writer)>
-where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
+async fn handshake_tls<S: Socket>(mut stream: S, address: &ExportAddress, name: &str) -> Result<Session> {
     let settings = address.tls.as_ref().expect("a TLS address");
     greet(&mut stream, name).await?;
     start_tls(&mut stream, name).await?;
-    let mut tls = crate::tls::connect(settings, stream, name).await?;
-    let details = negotiate(&mut tls, &address.export, name, Framing::Extended).await?;
-    let (r, w) = tokio::io::split(tls);
-    Ok((details, Box::new(r), Box::new(w)))
+    let (mut stream, tls) = crate::tls::connect(settings, stream, name).await?;
+    let details = negotiate(&mut stream, &address.export, name, Framing::Extended).await?;
+    let (r, w) = tokio::io::split(stream);
+    Ok(Session { details, reader: Box::new(r), writer: Box::new(w), tls })
+}
+
+/// A negotiated connection, ready for requests.
+struct Session {
+    details: ExportDetails,
+    reader: Reader,
+    writer: Writer,
+    tls: TlsMode,
 }
 
 /// A connection to one NBD export.
 pub struct Client {
     details: ExportDetails,
+    tls: TlsMode,
     shared: Arc<Shared>,
     /// To the task that owns the write half (`sender.rs`).
     outgoing: mpsc::UnboundedSender<Outgoing>,
@@ -129,7 +133,7 @@ impl Client {
                 }
             }
         };
-        let (details, reader, writer) =
+        let Session { details, reader, writer, tls } =
             tokio::time::timeout(config.connect_timeout, connect).await.map_err(|_| ClientError::Timeout {
                 address: name.clone(),
                 what: format!("connecting and the handshake did not finish within {:?}", config.connect_timeout),
@@ -141,6 +145,7 @@ impl Client {
         tokio::spawn(send_requests(writer, queued, shared.clone()));
         Ok(Self {
             details,
+            tls,
             shared,
             outgoing,
             budget: Arc::new(Semaphore::new(max_in_flight_bytes)),
@@ -151,6 +156,11 @@ impl Client {
 
     pub fn details(&self) -> &ExportDetails {
         &self.details
+    }
+
+    /// Whether the connection runs TLS, and where.
+    pub fn tls(&self) -> TlsMode {
+        self.tls
     }
 
     pub fn address(&self) -> &str {

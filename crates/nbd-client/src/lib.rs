@@ -45,4 +45,5 @@ pub use client::{Client, ClientConfig};
 pub use error::{ClientError, Result};
 pub use handoff::{Handoff, handoff};
 pub use handshake::ExportDetails;
+pub use tls::TlsMode;
 pub use waiter::ReadBuffer;

@@ -2,6 +2,14 @@
 //! certificate must chain to `ca-cert.pem` and name the host; `client-cert.pem` and
 //! `client-key.pem` are presented when present), PSK with OpenSSL (rustls has no external
 //! PSKs). The files are those libnbd, qemu and nbdkit use.
+//!
+//! Kernel TLS: an X.509 session over TCP with an AES-GCM suite is handed to the kernel after
+//! the handshake when the server's probe finds it available (`nbd_server::kernel_tls`), so a
+//! member's payloads are encrypted and decrypted by the socket, not copied through rustls.
+//! Reads go through `ktls::KtlsStream`, which skips the session tickets a TLS 1.3 server
+//! sends after the handshake and ends the stream at its close_notify. A hand-over the kernel
+//! refuses fails that connection (the caller connects again, in user space: the refusal turns
+//! kernel TLS off for the process).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,6 +18,7 @@ use openssl::ssl::{SslConnector, SslMethod, SslVersion};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::address::{TlsCredentialFiles, TlsSettings};
 use crate::error::{ClientError, Result};
@@ -18,11 +27,53 @@ use crate::error::{ClientError, Result};
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 
-/// Runs the TLS handshake on `stream` (after the server accepted STARTTLS).
-pub(crate) async fn connect<S>(settings: &TlsSettings, stream: S, address: &str) -> Result<Box<dyn Stream>>
-where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
+/// How a connection's bytes are protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plaintext (`nbd://`).
+    None,
+    /// TLS in user space (rustls or OpenSSL).
+    User,
+    /// TLS in the kernel (kTLS): the socket encrypts and decrypts.
+    Kernel,
+}
+
+impl TlsMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsMode::None => "none",
+            TlsMode::User => "user space",
+            TlsMode::Kernel => "kernel",
+        }
+    }
+}
+
+/// A connected socket a session can start on.
+pub(crate) trait Socket: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    /// The TCP socket itself, for the kernel to take the TLS session.
+    fn into_tcp(self) -> std::result::Result<TcpStream, Self>
+    where
+        Self: Sized,
+    {
+        Err(self)
+    }
+}
+
+impl Socket for TcpStream {
+    fn into_tcp(self) -> std::result::Result<TcpStream, Self> {
+        Ok(self)
+    }
+}
+
+impl Socket for UnixStream {}
+
+/// Runs the TLS handshake on `stream` (after the server accepted STARTTLS); says whether the
+/// kernel took the session.
+pub(crate) async fn connect<S: Socket>(
+    settings: &TlsSettings,
+    stream: S,
+    address: &str,
+) -> Result<(Box<dyn Stream>, TlsMode)> {
     let tls = |what: String| ClientError::Tls { address: address.to_string(), what };
     match &settings.credentials {
         TlsCredentialFiles::Certificates(dir) => {
@@ -42,7 +93,7 @@ where
                 .map_err(|e| tls(e.to_string()))?
                 .with_root_certificates(roots);
             let (cert_path, key_path) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
-            let config = if cert_path.exists() {
+            let mut config = if cert_path.exists() {
                 let chain = CertificateDer::pem_file_iter(&cert_path)
                     .and_then(|c| c.collect::<std::result::Result<Vec<_>, _>>())
                     .map_err(|e| tls(format!("{}: {e}", cert_path.display())))?;
@@ -51,13 +102,30 @@ where
             } else {
                 builder.with_no_client_auth()
             };
+            // The session's keys may go to the kernel (kTLS) after the handshake.
+            config.enable_secret_extraction = true;
             let name = ServerName::try_from(settings.hostname.clone())
                 .map_err(|e| tls(format!("server name {:?}: {e}", settings.hostname)))?;
-            let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
-                .connect(name, stream)
-                .await
-                .map_err(|e| tls(format!("handshake: {e}")))?;
-            Ok(Box::new(stream))
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+            let handshake = |e: std::io::Error| tls(format!("handshake: {e}"));
+            let stream: Box<dyn Stream> = match stream.into_tcp() {
+                Ok(tcp) if nbd_server::kernel_tls::available() => {
+                    let session = connector.connect(name, ktls::CorkStream::new(tcp)).await.map_err(handshake)?;
+                    if !nbd_server::kernel_tls::suits(session.get_ref().1.negotiated_cipher_suite()) {
+                        return Ok((Box::new(session), TlsMode::User));
+                    }
+                    return match ktls::config_ktls_client(session).await {
+                        Ok(kernel) => Ok((Box::new(kernel), TlsMode::Kernel)),
+                        Err(e) => {
+                            nbd_server::kernel_tls::disable(&e);
+                            Err(tls(format!("kernel TLS hand-over: {e}")))
+                        }
+                    };
+                }
+                Ok(tcp) => Box::new(connector.connect(name, tcp).await.map_err(handshake)?),
+                Err(other) => Box::new(connector.connect(name, other).await.map_err(handshake)?),
+            };
+            Ok((stream, TlsMode::User))
         }
         TlsCredentialFiles::Psk { file, username } => {
             let keys = nbd_server::tls_files::read_psk_file(file).map_err(|e| tls(e.to_string()))?;
@@ -90,7 +158,7 @@ where
             let ssl = config.into_ssl(&settings.hostname).map_err(|e| tls(e.to_string()))?;
             let mut stream = tokio_openssl::SslStream::new(ssl, stream).map_err(|e| tls(e.to_string()))?;
             Pin::new(&mut stream).connect().await.map_err(|e| tls(format!("handshake: {e}")))?;
-            Ok(Box::new(stream))
+            Ok((Box::new(stream), TlsMode::User))
         }
     }
 }

@@ -13,6 +13,10 @@
 //! What the kernel cannot do: TLS 1.3 KeyUpdate from the client, and control records on
 //! reads (a client's close_notify ends the connection with an error instead of EOF). Both
 //! only end a connection; data is never misread (a non-data record fails the read).
+//!
+//! The member client (nbd-client) uses the same probe for its connections to `nbds://`
+//! members; it reads through `ktls::KtlsStream`, which skips the session tickets a TLS 1.3
+//! server sends after the handshake.
 
 use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
@@ -53,12 +57,12 @@ fn probed() -> Option<Ciphers> {
 }
 
 /// Whether sessions may be handed to the kernel (probed once, logged once).
-pub(crate) fn available() -> bool {
+pub fn available() -> bool {
     probed().is_some() && !DISABLED.load(Ordering::Relaxed)
 }
 
 /// Whether a session with this cipher suite is handed to the kernel.
-pub(crate) fn suits(suite: Option<SupportedCipherSuite>) -> bool {
+pub fn suits(suite: Option<SupportedCipherSuite>) -> bool {
     let Some(c) = probed() else { return false };
     match suite.map(|s| s.suite()) {
         Some(
@@ -76,7 +80,7 @@ pub(crate) fn suits(suite: Option<SupportedCipherSuite>) -> bool {
 }
 
 /// The kernel refused a hand-over the probe promised: later sessions stay in user space.
-pub(crate) fn disable(why: &dyn std::fmt::Display) {
+pub fn disable(why: &dyn std::fmt::Display) {
     if !DISABLED.swap(true, Ordering::Relaxed) {
         warn!("kernel TLS hand-over failed ({why}): TLS runs in user space from now on");
     }

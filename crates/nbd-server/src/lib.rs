@@ -59,7 +59,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
-mod kernel_tls;
+pub mod kernel_tls;
 mod listener;
 mod read_buffer;
 mod request_source;

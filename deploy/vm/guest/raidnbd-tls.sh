@@ -13,7 +13,11 @@
 #     kernel TLS (logged): a RAID0 of two tmpfs files over TLS takes the kernel client's
 #     whole-device O_DIRECT overwrite into the member files in place and answers a digest from
 #     the member files (the export's in-place byte counters grow, fetched from --metrics); digests right,
-#     also after a new server.
+#     also after a new server;
+#  5. members over TLS: two `raidnbd serve --tls require` member servers (linear arrays of tmpfs
+#     files) and an array server of a RAID1 over their nbds:// URIs: every member connection
+#     runs on kernel TLS (logged tls="kernel"), an O_DIRECT overwrite of the whole array reads
+#     back right, and `raidnbd check` over the same members finds both copies equal.
 # rig-status: enabled
 # rig-needs: raidnbd
 # rig-disks: 1M
@@ -112,3 +116,38 @@ tls_attach "$P/pki" 1
 expect_eq "$(dev_digest /dev/nbd0)" "$D2" "digest after a new server"
 nbd_detach /dev/nbd0
 raidnbd_stop
+
+step "members over kernel TLS: a RAID1 of two nbds:// members, whole-array overwrite, digests"
+kmember_serve() { # N: serve /shm/kN.img over TLS as nbds://localhost:1082N/
+  raidnbd serve --listen "127.0.0.1:1082$1" --control "/run/kmember$1.sock" --tls require \
+    --tls-certificates "$P/pki" "$S/k$1.img" >> "/tmp/kmember$1.log" 2>&1 &
+  eval "KMEMBER_PID_$1=$!"
+  wait_listen "1082$1"
+}
+for n in 1 2; do
+  run truncate -s 24M "$S/k$n.img"
+  run raidnbd create --level linear "$S/k$n.img"
+  kmember_serve "$n"
+done
+KURIS="nbds://localhost:10821/?tls-certificates=$P/pki nbds://localhost:10822/?tls-certificates=$P/pki"
+# shellcheck disable=SC2086
+run raidnbd create --level 1 $KURIS
+# shellcheck disable=SC2086
+raidnbd_serve --member-timeout 20 $KURIS
+raidnbd_last_log | grep "NBD member connected" > /tmp/kconnected.txt
+expect_eq "$(grep -c 'tls="kernel"' /tmp/kconnected.txt)" "$(grep -c . /tmp/kconnected.txt)" "member connections on kernel TLS"
+[ "$(grep -c . /tmp/kconnected.txt)" -ge 2 ] || fail "fewer than two member connections logged"
+nbd_attach "$RAIDNBD_PORT" /dev/nbd0 "$RAIDNBD_EXPORT" 1
+SIZE=$(size_bytes /dev/nbd0)
+run dd if=/dev/urandom of=/tmp/kpattern bs=1M count=$((SIZE / 1048576 + 1)) status=none
+fill_dev /dev/nbd0 /tmp/kpattern
+drop_caches
+D3=$(head -c "$SIZE" /tmp/kpattern | md5sum | cut -d' ' -f1)
+expect_eq "$(dev_digest /dev/nbd0)" "$D3" "digest of the array over kernel-TLS members"
+nbd_detach /dev/nbd0
+raidnbd_stop
+# Both copies hold the same bytes: raidnbd check over the same nbds:// members (kernel TLS too).
+# shellcheck disable=SC2086
+run raidnbd check --json $KURIS > /tmp/kcheck.json
+tr -d ' \n' < /tmp/kcheck.json | contains '"mismatch_cnt":0[,}]' || fail "the two copies differ: $(cat /tmp/kcheck.json)"
+for n in 1 2; do eval "kill \$KMEMBER_PID_$n"; done

@@ -171,6 +171,7 @@ impl NbdMember {
             read_only = d.read_only(),
             framing = d.framing.name(),
             base_allocation = d.allocation_context.is_some(),
+            tls = client.tls().name(),
             "NBD member connected"
         );
         let identity = Identity::new(read_identity(&client, d.size_bytes).await?);
