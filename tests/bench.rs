@@ -177,6 +177,45 @@ fn remote_members_bench_builds_arrays_over_nbdkit_exports() {
     assert_eq!(left, vec![std::ffi::OsString::from("out")], "bench left files or servers behind");
 }
 
+/// `--remote-server raidnbd`: every member is a `raidnbd serve` export throttled by token
+/// buckets; the RAID0 of two does twice the random reads of one at QD32 (a budget, not a
+/// number of request threads, limits each member).
+#[test]
+fn remote_members_served_by_raidnbd_are_throttled_like_cloud_volumes() {
+    require_tool("fio", "fio");
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    run_bench(
+        dir.path(),
+        &out,
+        &["--quick", "--remote-members", "--remote-server", "raidnbd", "--remote-iops", "400", "--size", "16M"],
+        &[
+            "--levels",
+            "single,0",
+            "--members",
+            "2",
+            "--runtime",
+            "2s",
+            "--ramp",
+            "500ms",
+            "--workloads",
+            "rnd4k-q32t1-read",
+        ],
+    );
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let location = json["settings"]["member_location"].as_str().unwrap();
+    assert!(location.contains("raidnbd serve") && location.contains("token bucket"), "{location}");
+    let runs = json["runs"].as_array().expect("runs");
+    let single = runs.iter().find(|r| r["array"] == "single").unwrap();
+    let raid0 = runs.iter().find(|r| r["array"] == "raid0 2x64K").unwrap();
+    let iops = single["iops"].as_f64().unwrap();
+    assert!(iops > 300.0 && iops < 480.0, "one member throttled to 400 IOPS: {iops}");
+    let ratio = raid0["ratio_vs_single"].as_f64().unwrap();
+    assert!(ratio > 1.8, "two throttled members: {ratio}x one");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("out")], "bench left files or servers behind");
+}
+
 #[test]
 fn bench_refuses_bad_requests() {
     let dir = tempdir();
@@ -186,4 +225,6 @@ fn bench_refuses_bad_requests() {
     assert_user_error(&raidnbd(d, &["bench", "--workloads", "nonsense"]), "unknown workload 'nonsense'");
     assert_user_error(&raidnbd(d, &["bench", "--devices", "/dev/null"]), "add --force");
     assert_usage_error(&raidnbd(d, &["bench", "--runtime", "10x"]), "unknown unit");
+    let delayed = ["bench", "--remote-members", "--remote-server", "raidnbd", "--remote-delay", "2ms"];
+    assert_user_error(&raidnbd(d, &delayed), "--remote-delay needs --remote-server nbdkit");
 }

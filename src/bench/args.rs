@@ -98,6 +98,13 @@ pub struct BenchArgs {
     /// REMOTE_THREADS request threads: each request takes REMOTE_THREADS/N seconds).
     #[arg(long, requires = "remote_members")]
     pub remote_iops: Option<u64>,
+    /// With --remote-members: what serves each member. `nbdkit`: the file plugin, its rate
+    /// filter for --remote-bw and for --remote-iops a delay on REMOTE_THREADS request threads
+    /// (so at most that many requests in service at once). `raidnbd`: `raidnbd serve` of the
+    /// file, throttled by its token buckets (--member-bw, --member-iops): a cloud volume's
+    /// budget, whatever the queue depth; no --remote-delay.
+    #[arg(long, value_enum, default_value_t, requires = "remote_members")]
+    pub remote_server: super::plan::RemoteServer,
     /// With --remote-members: latency added to every member read and write (nbdkit's delay
     /// filter), e.g. 2ms.
     #[arg(long, value_parser = super::parse_duration, requires = "remote_members")]

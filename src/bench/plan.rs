@@ -109,12 +109,23 @@ pub struct Plan {
     pub preset: Option<&'static super::preset::Preset>,
 }
 
-/// How `--remote-members` members behave: nbdkit's rate and delay filters.
+/// How `--remote-members` members behave: who serves them, with which limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteMembers {
+    pub server: RemoteServer,
     pub bytes_per_sec: Option<u64>,
     pub iops: Option<u64>,
     pub delay: Option<Duration>,
+}
+
+/// What serves a remote member (`--remote-server`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RemoteServer {
+    /// nbdkit's file plugin with its rate and delay filters.
+    #[default]
+    Nbdkit,
+    /// `raidnbd serve` of the file, with its own token-bucket throttle.
+    Raidnbd,
 }
 
 /// Request threads of each nbdkit member when its IOPS are capped: at most this many
@@ -130,12 +141,17 @@ impl RemoteMembers {
 
     /// "nbdkit file, 20.0 MiB/s, 200 IOPS, +2 ms": for tables and notes.
     pub fn describe(&self) -> String {
-        let mut parts = vec!["nbdkit file over NBD (127.0.0.1 TCP)".to_string()];
+        let nbdkit = self.server == RemoteServer::Nbdkit;
+        let server = if nbdkit { "nbdkit file" } else { "raidnbd serve" };
+        let mut parts = vec![format!("{server} over NBD (127.0.0.1 TCP)")];
         if let Some(bw) = self.bytes_per_sec {
-            parts.push(format!("{}/s (rate filter)", format_size(bw)));
+            parts.push(format!("{}/s ({})", format_size(bw), if nbdkit { "rate filter" } else { "token bucket" }));
         }
         if let Some(iops) = self.iops {
-            parts.push(format!("{iops} IOPS ({REMOTE_THREADS} threads, delay filter)"));
+            parts.push(match nbdkit {
+                true => format!("{iops} IOPS ({REMOTE_THREADS} threads, delay filter)"),
+                false => format!("{iops} IOPS (token bucket)"),
+            });
         }
         if let Some(d) = self.delay {
             parts.push(format!("+{} ms per request", d.as_secs_f64() * 1e3));
@@ -226,6 +242,9 @@ impl Plan {
         if args.remote_members && !args.devices.is_empty() {
             bail!("--remote-members serves member files it makes; drop --devices");
         }
+        if args.remote_server == RemoteServer::Raidnbd && args.remote_delay.is_some() {
+            bail!("--remote-delay needs --remote-server nbdkit (its delay filter)");
+        }
         if args.remote_iops == Some(0) || args.remote_bw == Some(0) {
             bail!("--remote-iops and --remote-bw must be above 0");
         }
@@ -257,6 +276,7 @@ impl Plan {
             cache_bytes: args.cache_size,
             io: args.io.clone(),
             remote: args.remote_members.then_some(RemoteMembers {
+                server: args.remote_server,
                 bytes_per_sec: args.remote_bw,
                 iops: args.remote_iops,
                 delay: args.remote_delay,

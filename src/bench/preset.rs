@@ -215,9 +215,11 @@ fn set(a: &mut BenchArgs, levels: &[&str], members: usize, chunk: u64, workloads
     a.cache = vec![CacheMode::Writethrough];
 }
 
-/// Members on "other hosts": nbdkit exports with a rate (bytes/s) and an IOPS ceiling.
+/// Members on "other hosts": `raidnbd serve` exports throttled like cloud volumes (token
+/// buckets for bytes/s and IOPS, as `--member-bw`/`--member-iops` throttle local members).
 fn remote(a: &mut BenchArgs, bytes_per_sec: Option<u64>, iops: Option<u64>) {
     a.remote_members = true;
+    a.remote_server = super::plan::RemoteServer::Raidnbd;
     a.remote_bw = bytes_per_sec;
     a.remote_iops = iops;
 }

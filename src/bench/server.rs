@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
-use super::plan::{ArraySpec, REMOTE_THREADS, RemoteMembers};
+use super::plan::{ArraySpec, REMOTE_THREADS, RemoteMembers, RemoteServer};
 use crate::shared_args::{CacheMode, MemberIoArgs};
 
 /// Export name the bench serves.
@@ -75,16 +75,72 @@ impl Drop for Members {
         if let Some(dir) = &self.files_dir
             && !self.keep
         {
-            for path in &self.files {
-                let _ = std::fs::remove_file(path);
-            }
-            let _ = std::fs::remove_dir(dir);
+            // The array's own directory: member files, member servers' logs and state.
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
 
 fn exe() -> Result<PathBuf> {
     std::env::current_exe().context("cannot find the raidnbd executable")
+}
+
+/// Serves `file` on a free 127.0.0.1 port as `remote` asks; returns the server and the
+/// member URI.
+fn start_member_server(file: &Path, remote: &RemoteMembers, log: &Path) -> Result<(Child, String)> {
+    match remote.server {
+        RemoteServer::Nbdkit => start_nbdkit(file, remote, log),
+        RemoteServer::Raidnbd => start_raidnbd_member(file, remote, log),
+    }
+}
+
+/// Serves `file` with `raidnbd serve` (a one-member linear array of it), throttled by its
+/// token buckets.
+fn start_raidnbd_member(file: &Path, remote: &RemoteMembers, log: &Path) -> Result<(Child, String)> {
+    let path = file.to_string_lossy().into_owned();
+    let create = ["create", "--level", "linear", "--name", "member", path.as_str()];
+    let out = Command::new(exe()?).args(create).env("RUST_LOG", "warn").stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        bail!("raidnbd {} failed: {}", create.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let port = free_port()?;
+    let mut args =
+        vec!["serve".into(), "--listen".into(), format!("127.0.0.1:{port}"), "--export".into(), "member".into()];
+    if let Some(bw) = remote.bytes_per_sec {
+        args.extend(["--member-bw".into(), bw.to_string()]);
+    }
+    if let Some(iops) = remote.iops {
+        args.extend(["--member-iops".into(), iops.to_string()]);
+    }
+    args.push(path);
+    let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let state = file.with_extension("state");
+    let child = Command::new(exe()?)
+        .args(&args)
+        .env("RUST_LOG", "warn")
+        .env("STATE_DIRECTORY", &state)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .context("cannot run raidnbd serve for a remote member")?;
+    wait_listening(child, port, &format!("raidnbd {}", args.join(" ")), log)
+}
+
+/// Waits until `child` listens on `port`; fails with its log if it exits or takes 20 s.
+fn wait_listening(mut child: Child, port: u16, what: &str, log: &Path) -> Result<(Child, String)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("{what} exited ({status}): {}", std::fs::read_to_string(log).unwrap_or_default().trim());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("{what} did not listen within 20s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((child, format!("nbd://127.0.0.1:{port}/")))
 }
 
 /// Serves `file` with `nbdkit file` on a free 127.0.0.1 port, with the rate and delay
@@ -111,29 +167,14 @@ fn start_nbdkit(file: &Path, remote: &RemoteMembers, log: &Path) -> Result<(Chil
         args.extend([format!("rdelay={ms:.3}ms"), format!("wdelay={ms:.3}ms")]);
     }
     let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
-    let mut child = Command::new("nbdkit")
+    let child = Command::new("nbdkit")
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file)
         .spawn()
         .context("cannot run nbdkit (--remote-members needs it: apt install nbdkit)")?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(status) = child.try_wait()? {
-            bail!(
-                "nbdkit {} exited ({status}): {}",
-                args.join(" "),
-                std::fs::read_to_string(log).unwrap_or_default().trim()
-            );
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("nbdkit {} did not listen within 20s", args.join(" "));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok((child, format!("nbd://127.0.0.1:{port}/")))
+    wait_listening(child, port, &format!("nbdkit {}", args.join(" ")), log)
 }
 
 /// Creates `array` on fresh members: sparse files under `workspace` (served by nbdkit when
@@ -173,8 +214,8 @@ pub fn create_array(
                 for (i, file) in members.files.iter().enumerate() {
                     member_io::create_sparse_file(file, member_bytes)
                         .with_context(|| format!("cannot create {}", file.display()))?;
-                    let log = file.with_file_name(format!("nbdkit{i}.log"));
-                    let (child, uri) = start_nbdkit(file, remote, &log)?;
+                    let log = file.with_file_name(format!("server{i}.log"));
+                    let (child, uri) = start_member_server(file, remote, &log)?;
                     members.peers.push(child);
                     members.paths.push(uri);
                 }
