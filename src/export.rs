@@ -141,6 +141,10 @@ impl BlockDevice for ArrayDevice {
         })
     }
 
+    fn payload_alignment(&self) -> usize {
+        self.volume.payload_alignment()
+    }
+
     fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
         Box::pin(async move {
             if !is_aligned(offset, u64::from(len)) {

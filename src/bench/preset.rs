@@ -124,8 +124,8 @@ pub const PRESETS: [Preset; 7] = [
     },
     Preset {
         name: "remote-dd-raid0",
-        about: "cloud-dd-raid0 over the network: each volume an nbdkit export reached over NBD (rate filter, \
-                27.2 MB/s), dd of 1 MiB blocks: one such volume vs two striped (published 1.94x)",
+        about: "cloud-dd-raid0 over the network: each volume a raidnbd serve export reached over NBD (token \
+                bucket, 27.2 MB/s), dd of 1 MiB blocks: one such volume vs two striped (published 1.94x)",
         apply: |a| {
             set(a, &["single", "0"], 2, 512 << 10, &["dd-write"]);
             remote(a, Some(27_200_000), None);
@@ -144,7 +144,7 @@ pub const PRESETS: [Preset; 7] = [
     },
     Preset {
         name: "remote-ssd-raid0",
-        about: "cloud-ssd-raid0 over the network: two 300-IOPS volumes, each an nbdkit export (delay filter), \
+        about: "cloud-ssd-raid0 over the network: two 300-IOPS volumes, each a raidnbd serve export (token bucket), \
                 CrystalDiskMark style: RND4K Q32T1 about 2x, SEQ1M about 1x (one link as fast as one volume)",
         apply: |a| {
             set(a, &["single", "0"], 2, 512 << 10, &["seq1m-q8t1", "rnd4k-q32t1"]);
@@ -155,7 +155,7 @@ pub const PRESETS: [Preset; 7] = [
     },
     Preset {
         name: "remote-4-volumes",
-        about: "Four cloud-like volumes on other hosts (nbdkit exports, 20 MiB/s and 200 IOPS each) as RAID0, \
+        about: "Four cloud-like volumes on other hosts (raidnbd serve exports, 20 MiB/s and 200 IOPS each) as RAID0, \
                 RAID5 and RAID10 n2 against one: the seed experiment (striping two doubled dd and RND4K Q32) at \
                 four, with md's ceilings for the redundant levels",
         apply: |a| {

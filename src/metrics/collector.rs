@@ -507,11 +507,11 @@ impl Collector for ScrapeCollector {
         family(
             enc,
             "data_copied_bytes",
-            "Bytes of written data copied in memory after they were received (gathering, stripe and parity jobs, \
-             joined runs, partial pages and sectors, mirror legs and NBD member pieces from owned copies): copies \
-             per byte written = 1 + this / export_written_bytes.",
+            "Bytes of written data copied in memory after they were received (out of a connection's read buffer, \
+             gathering, stripe and parity jobs, joined runs, partial pages and sectors, mirror legs and NBD member \
+             pieces from owned copies): copies per byte written = 1 + this / export_written_bytes.",
             MetricType::Counter,
-            [(none, counter(raid_core::copy_count::copied_bytes()))],
+            [(none, counter(raid_core::copy_count::copied_bytes() + nbd_server::buffered_payload_copied_bytes()))],
         )?;
         Ok(())
     }

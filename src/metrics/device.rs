@@ -148,6 +148,10 @@ impl BlockDevice for MeteredDevice {
         self.metered(Command::Write, len, self.inner.write(offset, data, fua))
     }
 
+    fn payload_alignment(&self) -> usize {
+        self.inner.payload_alignment()
+    }
+
     fn write_targets(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Option<Vec<WriteTarget>>>> {
         self.inner.write_targets(offset, len)
     }
@@ -179,6 +183,14 @@ impl BlockDevice for MeteredDevice {
 
     fn block_status(&self, offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<Extent>>> {
         self.metered(Command::BlockStatus, 0, self.inner.block_status(offset, len))
+    }
+
+    fn meta_contexts(&self) -> &'static [&'static str] {
+        self.inner.meta_contexts()
+    }
+
+    fn context_status(&self, index: usize, offset: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<(u64, u32)>>> {
+        self.inner.context_status(index, offset, len)
     }
 }
 
@@ -217,6 +229,50 @@ mod tests {
         let read = stats.op(Command::Read);
         assert_eq!((read.completed(), read.errors(), read.bytes()), (2, 1, 8192));
         assert_eq!(stats.in_flight(), 0);
+    }
+
+    /// A device with its own meta context and an alignment wish, to see them through.
+    struct Wishful(MemoryDevice);
+
+    impl BlockDevice for Wishful {
+        fn info(&self) -> DeviceInfo {
+            self.0.info()
+        }
+        fn read(&self, offset: u64, len: u32) -> DeviceFuture<'_, DeviceResult<Vec<ReadChunk>>> {
+            self.0.read(offset, len)
+        }
+        fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+            self.0.write(offset, data, fua)
+        }
+        fn payload_alignment(&self) -> usize {
+            512
+        }
+        fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>> {
+            self.0.flush()
+        }
+        fn trim(&self, offset: u64, len: u64, fua: bool) -> DeviceFuture<'_, DeviceResult<()>> {
+            self.0.trim(offset, len, fua)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DeviceFuture<'_, DeviceResult<()>> {
+            self.0.write_zeroes(offset, len, flags)
+        }
+        fn meta_contexts(&self) -> &'static [&'static str] {
+            &["test:context"]
+        }
+        fn context_status(&self, _: usize, _: u64, len: u64) -> DeviceFuture<'_, DeviceResult<Vec<(u64, u32)>>> {
+            Box::pin(std::future::ready(Ok(vec![(len, 3)])))
+        }
+    }
+
+    /// What the metered device does not measure, it passes through: the inner device's meta
+    /// contexts (`raidnbd:sync`) and payload alignment stay visible with `--metrics`.
+    #[tokio::test]
+    async fn passes_through_what_it_does_not_measure() {
+        let stats = Arc::new(ExportStats::default());
+        let dev = MeteredDevice::new(Arc::new(Wishful(MemoryDevice::new(1 << 20))), stats);
+        assert_eq!(dev.meta_contexts(), ["test:context"]);
+        assert_eq!(dev.context_status(0, 0, 4096).await.unwrap(), [(4096, 3)]);
+        assert_eq!(dev.payload_alignment(), 512);
     }
 
     #[tokio::test]

@@ -240,6 +240,15 @@ pub trait BlockDevice: Send + Sync + 'static {
 
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> DeviceFuture<'_, DeviceResult<()>>;
 
+    /// The memory alignment [`write`](Self::write) payloads should start at for the device to
+    /// write them without copying them first (e.g. O_DIRECT files); 1 (the default): any.
+    /// Above 1, the server receives each WRITE payload straight into its own buffer (a 4 KiB
+    /// boundary) instead of taking it out of the connection's read buffer: the header after a
+    /// WRITE is read on its own, so the payload behind it is not read ahead with it.
+    fn payload_alignment(&self) -> usize {
+        1
+    }
+
     fn flush(&self) -> DeviceFuture<'_, DeviceResult<()>>;
 
     /// Discard hint; contents of the range are unspecified afterwards.

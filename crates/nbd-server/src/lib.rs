@@ -84,6 +84,7 @@ pub use request_source::RequestSource;
 pub use send_file::ReplySink;
 pub use stream::{GenericStream, NbdStream};
 pub use tls::{Tls, TlsCredentials};
+pub use transmission::buffered_payload_copied_bytes;
 
 /// The TLS credential files, as clients read them too (nbd-client's `nbds://`).
 pub mod tls_files {

@@ -29,6 +29,18 @@ pub(crate) async fn fill<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMu
     Ok(true)
 }
 
+/// Like [`fill`], but reads nothing beyond the `n`th byte: what follows stays in the stream
+/// (a WRITE payload behind a header, to be received into a buffer of its own).
+pub(crate) async fn fill_no_more<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, n: usize) -> Result<bool> {
+    while buf.len() < n {
+        buf.reserve(n - buf.len());
+        if (&mut *reader).take((n - buf.len()) as u64).read_buf(buf).await? == 0 {
+            return if buf.is_empty() { Ok(false) } else { Err(Error::UnexpectedEof) };
+        }
+    }
+    Ok(true)
+}
+
 /// Like [`fill`], but a close before `n` bytes is always an error.
 pub(crate) async fn fill_exact<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, n: usize) -> Result<()> {
     if fill(reader, buf, n).await? { Ok(()) } else { Err(Error::UnexpectedEof) }

@@ -7,8 +7,9 @@
 //! is 0 here).
 //!
 //! One counter per process (one server, any number of arrays), read by the metrics
-//! (`raidnbd_data_copied_bytes`) and `raidnbd bench`; counting is one relaxed atomic add per
-//! copy, the copies themselves cost far more.
+//! (`raidnbd_data_copied_bytes`, which adds the NBD server's copies out of its read buffers)
+//! and `raidnbd bench`; counting is one relaxed atomic add per copy, the copies themselves
+//! cost far more.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -50,6 +50,12 @@ pub trait Volume: Send + Sync {
         Box::pin(async move { self.write(offset_bytes, &data, fua).await })
     }
 
+    /// The memory alignment a [`write_shared`](Self::write_shared) payload should start at to
+    /// reach the members without a copy (members written with O_DIRECT: theirs); 1: any.
+    fn payload_alignment(&self) -> usize {
+        1
+    }
+
     /// Makes every completed write durable.
     fn flush(&self) -> VolumeFuture<'_, ()>;
 

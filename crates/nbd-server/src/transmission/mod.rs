@@ -51,6 +51,7 @@ mod byte_budget;
 mod connection;
 mod dispatch;
 mod receive;
+pub use receive::buffered_payload_copied_bytes;
 mod reply_writer;
 
 use std::future::Future;
@@ -121,7 +122,7 @@ where
 
     let bytes = ByteBudget::new(t.in_flight_bytes.clone(), t.in_flight_pool_bytes);
     let gate = Gate { t: &t, slots: &slots, shared: &shared, abort: &abort, bytes: &bytes };
-    let mut reader = Connection { reader, buf: read_buf, gate };
+    let mut reader = Connection { reader, buf: read_buf, gate, header_alone: false };
     let mut local = LocalReplies { replies: Vec::with_capacity(LOCAL_FLUSH_REPLIES), bytes: 0 };
     let read_result = read_loop(&mut reader, &mut local, tx).await;
     let read_result = match read_result {

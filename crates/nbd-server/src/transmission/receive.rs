@@ -2,6 +2,7 @@
 //! device's mapped file pages (`write_targets`, `receive_in_place`), waking the reader only
 //! once the payload is in (`WakeThreshold`, `RequestSource::set_wake_threshold`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Context;
 use std::time::Duration;
 
@@ -15,6 +16,15 @@ use crate::device::{DeviceError, DeviceResult, RECEIVE_IN_PLACE_MIN_BYTES, Write
 use crate::error::{Error, Result};
 use crate::read_buffer::discard;
 use crate::request_source::RequestSource;
+
+/// Bytes of WRITE payloads copied out of connections' read buffers into payload buffers
+/// (the part of a payload read ahead with its header), for the copies-per-byte metric.
+static BUFFERED_PAYLOAD_COPIED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of WRITE payloads this process copied out of read buffers so far.
+pub fn buffered_payload_copied_bytes() -> u64 {
+    BUFFERED_PAYLOAD_COPIED_BYTES.load(Ordering::Relaxed)
+}
 
 /// One read of a payload, which fails the connection if the client sends nothing for `stall`.
 async fn progress<T>(stall: Duration, read: impl std::future::Future<Output = T>) -> Result<T> {
@@ -201,6 +211,7 @@ pub(super) async fn read_payload<R: RequestSource>(
     let mut payload = buffer_pool::alloc_aligned(len);
     let pad = payload.len();
     payload.extend_from_slice(buf);
+    BUFFERED_PAYLOAD_COPIED_BYTES.fetch_add(buf.len() as u64, Ordering::Relaxed);
     buf.clear();
     let mut threshold = WakeThreshold::default();
     while payload.len() - pad < len {

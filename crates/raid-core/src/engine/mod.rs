@@ -610,6 +610,9 @@ impl<M: Member + ?Sized + 'static> Volume for Array<M> {
     fn write_shared(&self, offset_bytes: u64, data: Bytes, fua: bool) -> VolumeFuture<'_, ()> {
         Box::pin(Array::write_shared(self, offset_bytes, data, fua))
     }
+    fn payload_alignment(&self) -> usize {
+        self.members_memory_alignment()
+    }
     fn flush(&self) -> VolumeFuture<'_, ()> {
         self.write_hole.client_flush(self)
     }
