@@ -9,7 +9,9 @@
 //! Reads go through `ktls::KtlsStream`, which skips the session tickets a TLS 1.3 server
 //! sends after the handshake and ends the stream at its close_notify. A hand-over the kernel
 //! refuses fails that connection (the caller connects again, in user space: the refusal turns
-//! kernel TLS off for the process).
+//! kernel TLS off for the process). A record `KtlsStream` does not handle (a server's
+//! ChangeCipherSpec after the handshake) panics the connection's reader task: its requests
+//! then time out and the member reconnects, like a member that stops answering.
 
 use std::pin::Pin;
 use std::sync::Arc;

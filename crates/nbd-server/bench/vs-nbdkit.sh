@@ -21,7 +21,8 @@
 #            (IMG, IMG.1, IMG.2, ...), made with `raidnbd create --level LEVEL --chunk CHUNK`;
 #            nbdkit still serves the one file IMG: the baseline cost of serving one volume.
 #            LEVEL: linear (default), 0, 1, 4, 5, 6, 10; MEMBERS: default 1; CHUNK: default 64K,
-#            ignored for linear and raid1. fio covers 95 % of one member on both servers.)
+#            ignored for linear and raid1; CREATE_ARGS: more create arguments, e.g.
+#            "--consistency-policy resync". fio covers 95 % of one member on both servers.)
 #        BUILD=0 OURS=raidnbd crates/nbd-server/bench/vs-nbdkit.sh  (no cargo build: use the binary
 #            already in $CARGO_TARGET_DIR/release)
 # Besides the IOPS ratios, the report gives the ratio of the servers' CPU per operation
@@ -44,6 +45,7 @@ IMG=${IMG:-/dev/shm/nbd-bench.img}
 LEVEL=${LEVEL:-linear}   # OURS=raidnbd only: the array's RAID level,
 MEMBERS=${MEMBERS:-1}    # its number of members (IMG, IMG.1, IMG.2, ...)
 CHUNK=${CHUNK:-64K}      # and its chunk size (not for linear or raid1)
+CREATE_ARGS=${CREATE_ARGS:-} # more `raidnbd create` arguments, e.g. "--consistency-policy resync"
 BUILD=${BUILD:-1}        # 0: use the binaries already built, no cargo
 OURS_PORT=${OURS_PORT:-10911}
 NBDKIT_PORT=${NBDKIT_PORT:-10912}
@@ -113,7 +115,8 @@ if [[ $OURS == raidnbd ]]; then
     FIO_SIZE=95%
     CHUNK_ARGS=()
     [[ $LEVEL == linear || $LEVEL == 1 || $LEVEL == raid1 || $LEVEL == mirror ]] || CHUNK_ARGS=(--chunk "$CHUNK")
-    "$CARGO_TARGET_DIR/release/raidnbd" create --level "$LEVEL" "${CHUNK_ARGS[@]}" --force "${MEMBER_FILES[@]}" \
+    # shellcheck disable=SC2086
+    "$CARGO_TARGET_DIR/release/raidnbd" create --level "$LEVEL" "${CHUNK_ARGS[@]}" $CREATE_ARGS --force "${MEMBER_FILES[@]}" \
         >"$WORK/create.log" 2>&1 || { cat "$WORK/create.log" >&2; exit 1; }
     mkdir -p "$WORK/state"
     # shellcheck disable=SC2086

@@ -41,9 +41,10 @@
 //!   from a device; `error`: the crate's [`Error`] and the one device-error → NBD errno map.
 //!
 //! Protocol coverage: fixed newstyle; EXPORT_NAME, ABORT, LIST, INFO, GO, STRUCTURED_REPLY,
-//! LIST/SET_META_CONTEXT (`base:allocation`), STARTTLS ([`Tls`]: X.509 or PSK); EXTENDED_HEADERS →
-//! `ERR_UNSUP`. Commands READ, WRITE, DISC, FLUSH, TRIM, CACHE, WRITE_ZEROES (NO_HOLE,
-//! FAST_ZERO), BLOCK_STATUS; flags FUA, DF, REQ_ONE; simple or structured replies.
+//! EXTENDED_HEADERS, LIST/SET_META_CONTEXT (`base:allocation` and the device's own), STARTTLS
+//! ([`Tls`]: X.509 or PSK). Commands READ, WRITE, DISC, FLUSH, TRIM, CACHE, WRITE_ZEROES
+//! (NO_HOLE, FAST_ZERO), BLOCK_STATUS; flags FUA, DF, REQ_ONE; simple or structured replies, or
+//! extended headers (handshake.rs has the option table).
 
 pub mod access;
 pub mod device;
