@@ -23,6 +23,15 @@ fn raid5(d: &Path) -> Vec<&'static str> {
     vec!["m0", "m1", "m2", "m3"]
 }
 
+/// Credentials (`make_pki`) and a RAID5 export "r5" served with `--tls require` and X.509.
+fn x509_raid5(d: &Path) -> (PathBuf, Served) {
+    let creds = make_pki(d);
+    let members = raid5(d);
+    let pki = creds.join("pki");
+    let served = Served::start(d, "r5", &["--tls", "require", "--tls-certificates", pki.to_str().unwrap()], &members);
+    (creds, served)
+}
+
 fn tls_uri(served: &Served, export: &str, query: &str) -> String {
     format!("nbds://localhost:{}/{export}?{query}", served.port)
 }
@@ -84,11 +93,9 @@ fn x509_serves_every_client_and_refuses_what_it_must() {
     require_tool("qemu-io", "qemu-utils");
     let dir = tempdir();
     let d = dir.path();
-    let creds = make_pki(d);
+    let (creds, served) = x509_raid5(d);
     let pki = creds.join("pki");
-    let members = raid5(d);
     let pki_arg = pki.to_str().unwrap();
-    let served = Served::start(d, "r5", &["--tls", "require", "--tls-certificates", pki_arg], &members);
     let with = |dir: &str| tls_uri(&served, "r5", &format!("tls-certificates={}", creds.join(dir).display()));
 
     let info = run_ok(Command::new("nbdinfo").arg(with("pki")));
@@ -280,12 +287,9 @@ fn replies_reach_a_slow_reader_whole() {
     require_tool("qemu-io", "qemu-utils");
     let dir = tempdir();
     let d = dir.path();
-    let creds = make_pki(d);
+    let (creds, served) = x509_raid5(d);
     let pki = creds.join("pki");
-    let members = raid5(d);
-    let pki_arg = pki.to_str().unwrap();
-    let served = Served::start(d, "r5", &["--tls", "require", "--tls-certificates", pki_arg], &members);
-    let x509 = format!("tls-creds-x509,id=tls0,endpoint=client,dir={pki_arg}");
+    let x509 = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", pki.display());
     run_ok(&mut qemu_io(&served, "r5", &x509, &["write -P 0x5a 0 24M"]));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/slow_tls_reader.py");
     for _ in 0..3 {

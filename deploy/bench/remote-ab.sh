@@ -11,15 +11,9 @@ set -euo pipefail
 A=$(readlink -f "$1") B=$(readlink -f "$2")
 PAIRS=${PAIRS:-2} RUNTIME=${RUNTIME:-10}
 WORKLOADS=${WORKLOADS:-"randwrite:4k:32 read:1m:32"}
-WORK=$(mktemp -d /dev/shm/raidnbd-remote-ab.XXXXXX)
-SERVER=
-cleanup() {
-    [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null || true
-    for pidfile in "$WORK"/*.pid; do [[ -f $pidfile ]] && { kill "$(cat "$pidfile")" 2>/dev/null || true; }; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=deploy/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+work_dir raidnbd-remote-ab
 
 run() { # binary rw bs depth: prints "iops cpu_us_per_op"
     local bin=$1 rw=$2 bs=$3 depth=$4 members=() i

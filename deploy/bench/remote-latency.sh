@@ -12,41 +12,35 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 RAIDNBD=${RAIDNBD:-$ROOT/target/release/raidnbd}
 QD=${QD:-32} RUNTIME=${RUNTIME:-8} DELAY=${DELAY:-2ms}
-D=$(mktemp -d /dev/shm/raidnbd-latency.XXXXXX)
-SERVER=
-cleanup() {
-    [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null || true
-    for pidfile in "$D"/*.pid; do [[ -f $pidfile ]] && { kill "$(cat "$pidfile")" 2>/dev/null || true; }; done
-    wait 2>/dev/null || true
-    rm -rf "$D"
-}
-trap cleanup EXIT
+# shellcheck source=deploy/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+work_dir raidnbd-latency
 
 MEMBERS=()
 for i in 0 1 2 3; do
-    nbdkit -U "$D/m$i.sock" -f -P "$D/m$i.pid" --filter=delay memory 256M delay-read="$DELAY" delay-write="$DELAY" \
-        >"$D/nbdkit$i.log" 2>&1 &
-    MEMBERS+=("nbd+unix:///?socket=$D/m$i.sock")
+    nbdkit -U "$WORK/m$i.sock" -f -P "$WORK/m$i.pid" --filter=delay memory 256M delay-read="$DELAY" delay-write="$DELAY" \
+        >"$WORK/nbdkit$i.log" 2>&1 &
+    MEMBERS+=("nbd+unix:///?socket=$WORK/m$i.sock")
 done
-for _ in $(seq 50); do [[ -S $D/m3.sock ]] && break; sleep 0.1; done
-"$RAIDNBD" create --level 0 --chunk 64K --force "${MEMBERS[@]}" >"$D/create.log" 2>&1
-mkdir -p "$D/state"
-STATE_DIRECTORY=$D/state "$RAIDNBD" serve "${MEMBERS[@]}" --listen "unix:$D/array.sock" --control "$D/control.sock" \
-    >"$D/serve.log" 2>&1 &
+for _ in $(seq 50); do [[ -S $WORK/m3.sock ]] && break; sleep 0.1; done
+"$RAIDNBD" create --level 0 --chunk 64K --force "${MEMBERS[@]}" >"$WORK/create.log" 2>&1
+mkdir -p "$WORK/state"
+STATE_DIRECTORY=$WORK/state "$RAIDNBD" serve "${MEMBERS[@]}" --listen "unix:$WORK/array.sock" --control "$WORK/control.sock" \
+    >"$WORK/serve.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 50); do [[ -S $D/array.sock ]] && break; sleep 0.1; done
+for _ in $(seq 50); do [[ -S $WORK/array.sock ]] && break; sleep 0.1; done
 
 iops() { # fio JSON on stdin -> the read IOPS of all its jobs, summed
     /usr/bin/python3 -c 'import json, sys; t = sys.stdin.read(); j = json.loads(t[t.index("{"):]); print(sum(x["read"]["iops"] for x in j["jobs"]))'
 }
 members_at() { # depth: the four members at once, each at depth
     local args=() i
-    for i in 0 1 2 3; do args+=(--name="m$i" --uri="nbd+unix:///?socket=$D/m$i.sock" --iodepth="$1"); done
+    for i in 0 1 2 3; do args+=(--name="m$i" --uri="nbd+unix:///?socket=$WORK/m$i.sock" --iodepth="$1"); done
     fio --ioengine=nbd --rw=randread --bs=4k --size=200M --time_based --runtime="$RUNTIME" --ramp_time=1 \
         --output-format=json "${args[@]}" | iops
 }
 array_at() { # depth
-    fio --ioengine=nbd --name=array --uri="nbd+unix:///?socket=$D/array.sock" --iodepth="$1" --rw=randread --bs=4k \
+    fio --ioengine=nbd --name=array --uri="nbd+unix:///?socket=$WORK/array.sock" --iodepth="$1" --rw=randread --bs=4k \
         --size=800M --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json | iops
 }
 ratio() { echo "scale=2; $1 / $2" | bc; }

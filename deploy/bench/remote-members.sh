@@ -37,18 +37,9 @@ for tool in fio nbdkit nbdinfo "$RAIDNBD"; do
     command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
 done
 
-WORK=$(mktemp -d /dev/shm/raidnbd-remote.XXXXXX)
-PIDS=() # raidnbd servers started here (the nbdkits have pid files)
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pidfile in "$WORK"/*.pid; do
-        [[ -f $pidfile ]] && { kill "$(cat "$pidfile")" 2>/dev/null || true; }
-    done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=deploy/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+work_dir raidnbd-remote # PIDS: the raidnbd servers started here (the nbdkits have pid files)
 
 wait_for() { # uri: until the export answers
     for _ in $(seq 100); do

@@ -11,15 +11,10 @@
 set -euo pipefail
 A=$(readlink -f "$1") B=$(readlink -f "$2")
 PAIRS=${PAIRS:-4} RUNTIME=${RUNTIME:-6} DIR=${DIR:-/var/tmp}
-WORK=$(mktemp -d "$DIR/raidnbd-small-writes-ab.XXXXXX")
 PORT=${PORT:-41101} METRICS_PORT=${METRICS_PORT:-41102}
-SERVER=
-cleanup() {
-    [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null || true
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=deploy/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+work_dir raidnbd-small-writes-ab "$DIR"
 
 metric() { # TEXT NAME: the value of the first sample of NAME
     awk -v n="$2" '$1 == n || index($1, n "{") == 1 {print $2; exit}' <<<"$1"

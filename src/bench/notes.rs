@@ -18,16 +18,15 @@ pub fn notes(plan: &Plan, workloads: &[Workload], runs: &[RunRecord]) -> Vec<Str
          member served the same way (same binary, flags and throttle; a one-member md linear array)."
             .to_string(),
     ];
-    if let Some(remote) = plan.remote.filter(|r| r.server == super::plan::RemoteServer::Raidnbd) {
-        notes.push(format!(
+    match plan.remote {
+        Some(remote) if remote.server == super::plan::RemoteServer::Raidnbd => notes.push(format!(
             "Remote members (`--remote-members --remote-server raidnbd`): each member is a file served by its own \
              `raidnbd serve` on 127.0.0.1 and reached over NBD ({}). Its token buckets meter requests as \
              `--member-bw`/`--member-iops` do (a request of n bytes costs ceil(n / 256 KiB) I/Os), however many are \
              in flight, as a cloud volume's budget does.",
             remote.describe()
-        ));
-    } else if let Some(remote) = &plan.remote {
-        notes.push(format!(
+        )),
+        Some(remote) => notes.push(format!(
             "Remote members (`--remote-members`): each member is a file served by its own nbdkit on 127.0.0.1 and \
              reached over NBD ({}). The delay filter holds each request for {:.1} ms on one of nbdkit's request \
              threads, so a member answers at most threads ÷ delay requests per second; the rate filter meters the \
@@ -35,7 +34,8 @@ pub fn notes(plan: &Plan, workloads: &[Workload], runs: &[RunRecord]) -> Vec<Str
              counts it by size: these members favour large requests a little more than `--member-iops` does.",
             remote.describe(),
             remote.request_delay().as_secs_f64() * 1e3
-        ));
+        )),
+        None => {}
     }
     if plan.io.member_bw.is_some() || plan.io.member_iops.is_some() {
         let mut limits = Vec::new();

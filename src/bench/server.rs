@@ -113,22 +113,18 @@ fn start_raidnbd_member(file: &Path, remote: &RemoteMembers, log: &Path) -> Resu
         args.extend(["--member-iops".into(), iops.to_string()]);
     }
     args.push(path);
-    let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
-    let state = file.with_extension("state");
-    let child = Command::new(exe()?)
-        .args(&args)
-        .env("RUST_LOG", "warn")
-        .env("STATE_DIRECTORY", &state)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log_file)
-        .spawn()
-        .context("cannot run raidnbd serve for a remote member")?;
-    wait_listening(child, port, &format!("raidnbd {}", args.join(" ")), log)
+    let mut cmd = Command::new(exe()?);
+    cmd.args(&args).env("RUST_LOG", "warn").env("STATE_DIRECTORY", file.with_extension("state"));
+    let what = format!("raidnbd {}", args.join(" "));
+    spawn_listening(cmd, port, log, &what, "cannot run raidnbd serve for a remote member")
 }
 
-/// Waits until `child` listens on `port`; fails with its log if it exits or takes 20 s.
-fn wait_listening(mut child: Child, port: u16, what: &str, log: &Path) -> Result<(Child, String)> {
+/// Runs the server `cmd` (stdin and stdout closed, stderr to `log`) until it listens on
+/// `port`; fails with its log if it exits or takes 20 s. Returns it and its NBD URI.
+fn spawn_listening(mut cmd: Command, port: u16, log: &Path, what: &str, cannot_run: &str) -> Result<(Child, String)> {
+    let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file).spawn().context(cannot_run.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Some(status) = child.try_wait()? {
@@ -166,15 +162,10 @@ fn start_nbdkit(file: &Path, remote: &RemoteMembers, log: &Path) -> Result<(Chil
         let ms = delay.as_secs_f64() * 1e3;
         args.extend([format!("rdelay={ms:.3}ms"), format!("wdelay={ms:.3}ms")]);
     }
-    let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
-    let child = Command::new("nbdkit")
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log_file)
-        .spawn()
-        .context("cannot run nbdkit (--remote-members needs it: apt install nbdkit)")?;
-    wait_listening(child, port, &format!("nbdkit {}", args.join(" ")), log)
+    let mut cmd = Command::new("nbdkit");
+    cmd.args(&args);
+    let what = format!("nbdkit {}", args.join(" "));
+    spawn_listening(cmd, port, log, &what, "cannot run nbdkit (--remote-members needs it: apt install nbdkit)")
 }
 
 /// Creates `array` on fresh members: sparse files under `workspace` (served by nbdkit when

@@ -110,7 +110,7 @@ pub(crate) async fn connect<S: Socket>(
                 .map_err(|e| tls(format!("server name {:?}: {e}", settings.hostname)))?;
             let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
             let handshake = |e: std::io::Error| tls(format!("handshake: {e}"));
-            let stream: Box<dyn Stream> = match stream.into_tcp() {
+            let socket: Box<dyn Stream> = match stream.into_tcp() {
                 Ok(tcp) if nbd_server::kernel_tls::available() => {
                     let session = connector.connect(name, ktls::CorkStream::new(tcp)).await.map_err(handshake)?;
                     if !nbd_server::kernel_tls::suits(session.get_ref().1.negotiated_cipher_suite()) {
@@ -124,10 +124,10 @@ pub(crate) async fn connect<S: Socket>(
                         }
                     };
                 }
-                Ok(tcp) => Box::new(connector.connect(name, tcp).await.map_err(handshake)?),
-                Err(other) => Box::new(connector.connect(name, other).await.map_err(handshake)?),
+                Ok(tcp) => Box::new(tcp),
+                Err(other) => Box::new(other),
             };
-            Ok((stream, TlsMode::User))
+            Ok((Box::new(connector.connect(name, socket).await.map_err(handshake)?), TlsMode::User))
         }
         TlsCredentialFiles::Psk { file, username } => {
             let keys = nbd_server::tls_files::read_psk_file(file).map_err(|e| tls(e.to_string()))?;

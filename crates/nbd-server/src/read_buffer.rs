@@ -18,23 +18,32 @@ const MIN_SPARE_BYTES: usize = 4096;
 /// Ensures `buf` holds at least `n` bytes. Returns `Ok(false)` if the peer closed the
 /// stream while `buf` was empty (a clean close between messages).
 pub(crate) async fn fill<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, n: usize) -> Result<bool> {
-    while buf.len() < n {
-        if buf.capacity() - buf.len() < MIN_SPARE_BYTES {
-            buf.reserve(READ_CHUNK_BYTES);
-        }
-        if reader.read_buf(buf).await? == 0 {
-            return if buf.is_empty() { Ok(false) } else { Err(Error::UnexpectedEof) };
-        }
-    }
-    Ok(true)
+    fill_up_to(reader, buf, n, true).await
 }
 
-/// Like [`fill`], but reads nothing beyond the `n`th byte: what follows stays in the stream
-/// (a WRITE payload behind a header, to be received into a buffer of its own).
-pub(crate) async fn fill_no_more<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, n: usize) -> Result<bool> {
+/// [`fill`], reading ahead whatever is queued when `read_ahead`; else nothing beyond the
+/// `n`th byte, so what follows stays in the stream (a WRITE payload behind a header, to be
+/// received into a buffer of its own).
+pub(crate) async fn fill_up_to<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    n: usize,
+    read_ahead: bool,
+) -> Result<bool> {
     while buf.len() < n {
-        buf.reserve(n - buf.len());
-        if (&mut *reader).take((n - buf.len()) as u64).read_buf(buf).await? == 0 {
+        let read = match read_ahead {
+            true => {
+                if buf.capacity() - buf.len() < MIN_SPARE_BYTES {
+                    buf.reserve(READ_CHUNK_BYTES);
+                }
+                reader.read_buf(buf).await?
+            }
+            false => {
+                buf.reserve(n - buf.len());
+                (&mut *reader).take((n - buf.len()) as u64).read_buf(buf).await?
+            }
+        };
+        if read == 0 {
             return if buf.is_empty() { Ok(false) } else { Err(Error::UnexpectedEof) };
         }
     }

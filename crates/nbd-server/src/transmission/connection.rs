@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::protocol::request::{
     ExportLimits, Rejection, Request, RequestHeader, decode_request_header, payload_len, validate_request,
 };
-use crate::read_buffer::{discard, fill, fill_no_more};
+use crate::read_buffer::{discard, fill_up_to};
 use crate::request_source::RequestSource;
 use crate::send_file::ReplySink;
 
@@ -29,9 +29,12 @@ pub(super) struct Connection<'a, R, W> {
     pub(super) reader: R,
     pub(super) buf: BytesMut,
     pub(super) gate: Gate<'a, W>,
-    /// Read the next header alone (it follows a WRITE, and the device wants payloads aligned,
-    /// `BlockDevice::payload_alignment`): a WRITE payload behind it is then received into a
-    /// buffer of its own, not read ahead into `buf` at whatever address it lands.
+    /// The device wants payloads aligned (`BlockDevice::payload_alignment`, asked once when
+    /// the connection starts: a member replaced later at worst costs a copy in the device).
+    pub(super) aligned_payloads: bool,
+    /// Read the next header alone (it follows a WRITE and `aligned_payloads`): a WRITE payload
+    /// behind it is then received into a buffer of its own, not read ahead into `buf` at
+    /// whatever address it lands.
     pub(super) header_alone: bool,
 }
 
@@ -71,14 +74,9 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
             // period in which nothing was in flight (so it was idle at least that long).
             let in_flight = || gate.slots.available_permits() + 1 < gate.t.max_requests;
             let mut busy_in_period = gate.t.idle_timeout.is_some() && in_flight();
-            let alone = self.header_alone;
+            let read_ahead = !self.header_alone;
             let filled = loop {
-                let header = async {
-                    match alone {
-                        true => fill_no_more(&mut self.reader, &mut self.buf, header_len).await,
-                        false => fill(&mut self.reader, &mut self.buf, header_len).await,
-                    }
-                };
+                let header = fill_up_to(&mut self.reader, &mut self.buf, header_len, read_ahead);
                 let Some(limit) = gate.t.idle_timeout else { break gate.interruptible(header).await };
                 match gate.interruptible(tokio::time::timeout(limit, header)).await {
                     Some(Ok(filled)) => break Some(filled),
@@ -99,7 +97,7 @@ impl<R: RequestSource, W: ReplySink> Connection<'_, R, W> {
         let header = decode_request_header(&self.buf, limits.framing)?.expect("header is buffered");
         self.buf.advance(header_len);
         let payload = payload_len(&header, limits.framing)? as usize;
-        self.header_alone = payload > 0 && gate.t.device.payload_alignment() > 1;
+        self.header_alone = payload > 0 && self.aligned_payloads;
         let (outcome, bytes) = match validate_request(&header, limits) {
             Ok(request @ (Request::Write { len, .. } | Request::Read { len, .. })) => {
                 // Room for the data before reading the payload or issuing the read.

@@ -51,8 +51,9 @@ mod byte_budget;
 mod connection;
 mod dispatch;
 mod receive;
-pub use receive::buffered_payload_copied_bytes;
 mod reply_writer;
+
+pub use receive::buffered_payload_copied_bytes;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -122,7 +123,8 @@ where
 
     let bytes = ByteBudget::new(t.in_flight_bytes.clone(), t.in_flight_pool_bytes);
     let gate = Gate { t: &t, slots: &slots, shared: &shared, abort: &abort, bytes: &bytes };
-    let mut reader = Connection { reader, buf: read_buf, gate, header_alone: false };
+    let aligned_payloads = t.device.payload_alignment() > 1;
+    let mut reader = Connection { reader, buf: read_buf, gate, aligned_payloads, header_alone: false };
     let mut local = LocalReplies { replies: Vec::with_capacity(LOCAL_FLUSH_REPLIES), bytes: 0 };
     let read_result = read_loop(&mut reader, &mut local, tx).await;
     let read_result = match read_result {

@@ -217,7 +217,7 @@ impl<M: Member + ?Sized> Array<M> {
                 let fetch_end = (member_sector + ahead.max(MIN_FETCH_SECTORS)) * SECTOR_BYTES;
                 let member_end = device.member.len_bytes().saturating_sub(device.data_offset_bytes);
                 let len = fetch_end.min(member_end).saturating_sub(member_sector * SECTOR_BYTES);
-                let at = device.data_offset_bytes + member_sector * SECTOR_BYTES;
+                let at = device.offset_bytes(member_sector);
                 device.member.allocation(at, len.max(SECTOR_BYTES)).await.unwrap_or_default()
             }
             None => Vec::new(),
@@ -235,7 +235,7 @@ impl<M: Member + ?Sized> Array<M> {
     /// now (maintenance asks under the lock of the range, so no write races the answer).
     /// Anything a member cannot say is not a hole.
     pub(super) async fn device_hole(&self, device: &Device<M>, member_sector: u64, sectors: u64) -> bool {
-        let at = device.data_offset_bytes + member_sector * SECTOR_BYTES;
+        let at = device.offset_bytes(member_sector);
         let len = sectors * SECTOR_BYTES;
         let mut done = 0;
         for _ in 0..MAX_HOLE_ASKS {

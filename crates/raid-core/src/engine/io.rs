@@ -125,10 +125,9 @@ impl<M: Member + ?Sized> Array<M> {
         if let Some(replacement) = slot.replacement() {
             // Both legs write the one buffer, shared (not copied).
             let shared = vec![Bytes::from_owner(buf)];
-            let offset = |device: &Device<M>| device.data_offset_bytes + member_sector * SECTOR_BYTES;
             let (primary, second) = futures::join!(
-                device.member.write_shared_at(offset(&device), shared.clone(), fua),
-                replacement.device.member.write_shared_at(offset(&replacement.device), shared, fua)
+                device.member.write_shared_at(device.offset_bytes(member_sector), shared.clone(), fua),
+                replacement.device.member.write_shared_at(replacement.device.offset_bytes(member_sector), shared, fua)
             );
             if let Err(e) = second {
                 self.replacement_failed(role, &replacement, &e).await;
@@ -152,7 +151,7 @@ impl<M: Member + ?Sized> Array<M> {
         debug_assert!(pieces.iter().all(|p| (p.len() as u64).is_multiple_of(SECTOR_BYTES)));
         let slot = &self.members.slots()[role];
         let device = slot.device().ok_or_else(|| io::Error::other(format!("role {role} has no device")))?;
-        let offset = |device: &Device<M>| device.data_offset_bytes + member_sector * SECTOR_BYTES;
+        let offset = |device: &Device<M>| device.offset_bytes(member_sector);
         let shared: Option<Vec<Bytes>> = pieces.iter().try_fold(Vec::new(), |mut all, p| {
             all.extend(p.shared_pieces()?);
             Some(all)
@@ -235,7 +234,7 @@ pub(crate) async fn read_device<M: Member + ?Sized>(
     let _load = LoadGuard(load, len);
     // The member fills all of it or fails (then the buffer is dropped unseen).
     let buf = AlignedBuf::for_overwrite(len as usize);
-    let (res, buf) = device.member.read_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, buf).await;
+    let (res, buf) = device.member.read_at(device.offset_bytes(member_sector), buf).await;
     res.map(|()| buf)
 }
 
@@ -245,7 +244,7 @@ pub(crate) async fn write_device<M: Member + ?Sized>(
     buf: AlignedBuf,
     fua: bool,
 ) -> io::Result<()> {
-    device.member.write_at(device.data_offset_bytes + member_sector * SECTOR_BYTES, buf, fua).await.0
+    device.member.write_at(device.offset_bytes(member_sector), buf, fua).await.0
 }
 
 async fn zero_device<M: Member + ?Sized>(
@@ -254,7 +253,7 @@ async fn zero_device<M: Member + ?Sized>(
     sectors: u64,
     deallocate: bool,
 ) -> io::Result<()> {
-    let (offset, len) = (device.data_offset_bytes + member_sector * SECTOR_BYTES, sectors * SECTOR_BYTES);
+    let (offset, len) = (device.offset_bytes(member_sector), sectors * SECTOR_BYTES);
     if deallocate { device.member.discard(offset, len).await } else { device.member.write_zeroes(offset, len).await }
 }
 

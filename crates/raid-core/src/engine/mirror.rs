@@ -126,7 +126,7 @@ impl<M: Member + ?Sized> Array<M> {
         for piece in pieces {
             let slot = &self.members.slots()[piece.role];
             let device = slot.device()?;
-            let at = device.data_offset_bytes + piece.member_sector * SECTOR_BYTES;
+            let at = device.offset_bytes(piece.member_sector);
             let len = piece.sectors * SECTOR_BYTES;
             let file = file_of(slot, &device, at, len)?;
             match extents.last_mut() {

@@ -381,7 +381,7 @@ impl<M: Member + ?Sized> Array<M> {
         let calls = hints.into_iter().filter_map(|(role, at, n)| {
             let device = self.members.slots()[role].device()?;
             Some(async move {
-                let from = device.data_offset_bytes + at * SECTOR_BYTES;
+                let from = device.offset_bytes(at);
                 if let Err(e) = device.member.cache(from, n * SECTOR_BYTES).await {
                     tracing::debug!(member = device.member.name(), error = %e, "cache hint not taken");
                 }

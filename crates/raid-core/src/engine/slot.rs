@@ -74,6 +74,11 @@ pub struct Device<M: ?Sized> {
 }
 
 impl<M: ?Sized> Device<M> {
+    /// Where `member_sector` (of the array's data on this device) lies on the device, in bytes.
+    pub fn offset_bytes(&self, member_sector: u64) -> u64 {
+        self.data_offset_bytes + member_sector * crate::SECTOR_BYTES
+    }
+
     /// Moves where the data starts by `delta_bytes`.
     ///
     /// # Panics

@@ -373,7 +373,7 @@ impl<M: Member + ?Sized> Array<M> {
         if self.device_hole(&target, member_sector, sectors).await {
             return true;
         }
-        let at = target.data_offset_bytes + member_sector * SECTOR_BYTES;
+        let at = target.offset_bytes(member_sector);
         target.member.discard(at, sectors * SECTOR_BYTES).await.is_ok()
     }
 
